@@ -1,0 +1,43 @@
+# The front door. `make` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PY := .venv/bin/python
+ENV_FILE := .local/env
+
+.PHONY: help bootstrap up down status migrate demo test test-unit lint
+
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+bootstrap: ## Install system packages (Java, Maven, PostgreSQL) and the Python env (.venv)
+	@bash deploy/local/bootstrap.sh
+
+up: bootstrap ## Start Kafka (KRaft) and PostgreSQL as local processes; writes .local/env
+	@bash deploy/local/stack.sh up
+
+down: ## Stop the local Kafka and PostgreSQL
+	@bash deploy/local/stack.sh down
+
+status: ## Show whether Kafka and PostgreSQL answer
+	@bash deploy/local/stack.sh status
+
+migrate: up ## Apply database migrations to the running stack
+	@. $(ENV_FILE) && .venv/bin/agentledger migrate
+
+demo: migrate ## Set up and run the system, then say what is running
+	@. $(ENV_FILE) && bash deploy/local/stack.sh status && echo && \
+	  echo "agentledger stack is up:" && \
+	  echo "  PostgreSQL  $$AGENTLEDGER_DATABASE_URL" && \
+	  echo "  Kafka       $$AGENTLEDGER_KAFKA_BOOTSTRAP" && \
+	  echo "Use it from a shell:  . .local/env" && \
+	  echo "Stop it:              make down"
+
+test: bootstrap ## Run the test suite against real Kafka and PostgreSQL (started if needed)
+	@$(PY) -m pytest
+
+test-unit: bootstrap ## Only the tests without I/O
+	@$(PY) -m pytest tests/unit
+
+lint: bootstrap ## ruff + mypy (strict)
+	@.venv/bin/ruff check libs services tests
+	@.venv/bin/mypy

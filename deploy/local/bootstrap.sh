@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Install what the local stack and the tests need, once: system packages (apt) and the
+# project's Python environment in .venv. Idempotent and quick when nothing is missing.
+source "$(dirname "$0")/common.sh"
+
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO="sudo"
+
+missing=()
+command -v java >/dev/null || missing+=(default-jre-headless)
+command -v mvn >/dev/null || missing+=(maven)
+ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
+command -v psql >/dev/null || missing+=(postgresql-client)
+python3 -c "import venv, ensurepip" 2>/dev/null || missing+=(python3-venv)
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing system packages: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  # Debian's postgresql package starts its own cluster on 5432; ours runs separately on $PG_PORT.
+fi
+
+VENV="$ROOT/.venv"
+STAMP="$VENV/.installed-$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+if [ ! -f "$STAMP" ]; then
+  log "installing the Python environment in .venv"
+  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip >&2
+  "$VENV/bin/pip" install -q -e "$ROOT[dev]" >&2
+  rm -f "$VENV"/.installed-*
+  touch "$STAMP"
+fi

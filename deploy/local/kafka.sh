@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Apache Kafka 4.x, KRaft, single node (broker + controller) on 127.0.0.1, from Maven Central jars.
+# Usage: kafka.sh start|stop|status
+source "$(dirname "$0")/common.sh"
+
+KDIR="$LOCAL/kafka"
+LIBS="$KDIR/libs"
+PIDFILE="$KDIR/kafka.pid"
+PROPS="$KDIR/server.properties"
+# Bounded heap: the broker shares a 2-core box with Postgres, the services and the tests.
+HEAP_OPTS="${AGENTLEDGER_KAFKA_HEAP_OPTS:--Xms256m -Xmx768m}"
+
+fetch() {
+  [ -f "$LIBS/.complete" ] && return 0
+  command -v mvn >/dev/null || die "maven is missing (run: make bootstrap)"
+  log "fetching Apache Kafka jars from Maven Central (first run only)"
+  mkdir -p "$LIBS"
+  mvn -q -B -f "$ROOT/deploy/local/kafka/pom.xml" dependency:copy-dependencies \
+      -DincludeScope=runtime -DoutputDirectory="$LIBS" >&2
+  ls "$LIBS"/kafka_2.13-4.*.jar >/dev/null 2>&1 || die "no kafka_2.13 4.x jar in $LIBS"
+  touch "$LIBS/.complete"
+}
+
+configure() {
+  mkdir -p "$KDIR/data" "$KDIR/logs"
+  sed -e "s|@DATA@|$KDIR/data|" -e "s|@PORT@|$KAFKA_PORT|g" \
+      -e "s|@CONTROLLER_PORT@|$KAFKA_CONTROLLER_PORT|g" \
+      "$ROOT/deploy/local/kafka/server.properties.in" > "$PROPS"
+  if [ ! -f "$KDIR/data/meta.properties" ]; then
+    local cluster_id
+    cluster_id=$(java -cp "$LIBS/*" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)
+    log "formatting KRaft storage (cluster $cluster_id)"
+    java -cp "$LIBS/*" -Dlog4j2.configurationFile="$ROOT/deploy/local/kafka/log4j2.xml" \
+      -Dkafka.logs.dir="$KDIR/logs" \
+      kafka.tools.StorageTool format --standalone -t "$cluster_id" -c "$PROPS" >&2
+  fi
+}
+
+ready() { "$PYTHON" "$ROOT/deploy/local/probe.py" kafka "127.0.0.1:$KAFKA_PORT"; }
+
+start() {
+  if pid_alive "$PIDFILE"; then
+    ready >/dev/null 2>&1 && { log "already running (pid $(cat "$PIDFILE"))"; return 0; }
+  fi
+  command -v java >/dev/null || die "java is missing (run: make bootstrap)"
+  fetch
+  configure
+  log "starting Kafka on 127.0.0.1:$KAFKA_PORT"
+  # setsid: the broker must outlive the shell (and `make`) that started it.
+  setsid nohup java $HEAP_OPTS -XX:+UseG1GC \
+    -Dlog4j2.configurationFile="$ROOT/deploy/local/kafka/log4j2.xml" \
+    -Dkafka.logs.dir="$KDIR/logs" \
+    -cp "$LIBS/*" kafka.Kafka "$PROPS" >"$KDIR/logs/stdout.log" 2>&1 < /dev/null &
+  echo $! > "$PIDFILE"
+  # A cold JVM on 2 cores takes 5-15 s; 90 s covers a loaded CI box.
+  if ! wait_until 90 "kafka" ready; then
+    tail -n 30 "$KDIR/logs/stdout.log" "$KDIR/logs/server.log" >&2 2>/dev/null || true
+    die "Kafka did not answer a metadata request within 90 s"
+  fi
+  log "ready: $(ready)"
+}
+
+stop() {
+  if pid_alive "$PIDFILE"; then
+    local pid; pid=$(cat "$PIDFILE")
+    log "stopping Kafka (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    # Controlled shutdown normally takes a few seconds; after 60 s we stop waiting.
+    wait_until 60 "kafka exit" bash -c "! kill -0 $pid" || { log "forcing"; kill -KILL "$pid" 2>/dev/null || true; }
+  fi
+  # Orphans from a lost pid file: only brokers started with our own properties file.
+  pkill -KILL -f "kafka.Kafka $PROPS" 2>/dev/null || true
+  rm -f "$PIDFILE"
+}
+
+status() {
+  if pid_alive "$PIDFILE" && out=$(ready 2>&1); then
+    echo "kafka: up (pid $(cat "$PIDFILE")) $out"
+  else
+    echo "kafka: down"; return 1
+  fi
+}
+
+case "${1:-}" in
+  start) start ;; stop) stop ;; status) status ;;
+  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The local stack: Kafka + PostgreSQL as plain processes. Idempotent.
+# Usage: stack.sh up|down|status
+source "$(dirname "$0")/common.sh"
+HERE="$(dirname "$0")"
+
+write_env() {
+  mkdir -p "$LOCAL"
+  cat > "$LOCAL/env" <<ENV
+# Written by deploy/local/stack.sh up; '. .local/env' reaches the running stack.
+export AGENTLEDGER_DATABASE_URL=postgresql://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB
+export AGENTLEDGER_KAFKA_BOOTSTRAP=127.0.0.1:$KAFKA_PORT
+ENV
+}
+
+case "${1:-}" in
+  up)
+    "$HERE/postgres.sh" start
+    "$HERE/kafka.sh" start
+    write_env
+    ;;
+  down)
+    "$HERE/kafka.sh" stop
+    "$HERE/postgres.sh" stop
+    ;;
+  status)
+    rc=0
+    "$HERE/postgres.sh" status || rc=1
+    "$HERE/kafka.sh" status || rc=1
+    exit $rc
+    ;;
+  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+esac

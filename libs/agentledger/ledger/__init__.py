@@ -1,0 +1,1 @@
+"""The command ledger: every rule about admitting, claiming and finalizing commands lives here."""

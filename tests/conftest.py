@@ -1,0 +1,108 @@
+"""Shared fixtures: the real stack, a fresh database per test module, fresh topics per test."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import psycopg2
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from agentledger import migrations, settings
+from tests import stack as stack_mod
+
+
+def with_database(url: str, name: str) -> str:
+    """The same server URL pointing at another database."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+def _admin_exec(url: str, sql: str) -> None:
+    conn = psycopg2.connect(url)
+    conn.autocommit = True  # CREATE/DROP DATABASE cannot run inside a transaction
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql)
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[stack_mod.Stack]:
+    with stack_mod.choose() as chosen:
+        yield chosen
+
+
+@pytest.fixture(scope="session")
+def template_database(stack: stack_mod.Stack) -> Iterator[str]:
+    """A database with every migration applied, copied for each test module."""
+    name = f"al_tmpl_{uuid.uuid4().hex[:12]}"
+    _admin_exec(stack.database_url, f'CREATE DATABASE "{name}"')
+    url = with_database(stack.database_url, name)
+    asyncio.run(migrations.migrate(url, settings.REPO_ROOT / "migrations"))
+    yield name
+    _admin_exec(stack.database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def make_database(stack: stack_mod.Stack, template_database: str) -> Iterator[Callable[[], str]]:
+    """Factory: a fresh, migrated database (template copy); dropped at the end of the session."""
+    created: list[str] = []
+
+    def make() -> str:
+        name = f"al_test_{uuid.uuid4().hex[:12]}"
+        _admin_exec(stack.database_url, f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
+        created.append(name)
+        return with_database(stack.database_url, name)
+
+    yield make
+    for name in created:
+        _admin_exec(stack.database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def database_url(make_database: Callable[[], str]) -> str:
+    """A fresh migrated database for this test module: tests never see other modules' rows."""
+    return make_database()
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_admin(stack: stack_mod.Stack) -> AdminClient:
+    return AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
+
+
+@pytest.fixture
+def new_topic(kafka_admin: AdminClient, request: pytest.FixtureRequest) -> Iterator[Callable[..., str]]:
+    """Factory: create a uniquely named topic (auto-creation is off on our brokers)."""
+    made: list[str] = []
+
+    def make(prefix: str = "t", partitions: int = 3) -> str:
+        name = f"{prefix}.{request.node.name[:40]}.{uuid.uuid4().hex[:8]}".replace("[", "_").replace("]", "_")
+        futures = kafka_admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
+        futures[name].result(timeout=30)
+        made.append(name)
+        return name
+
+    yield make
+    if made:
+        for future in kafka_admin.delete_topics(made).values():
+            future.result(timeout=30)
+
+
+@pytest.fixture
+def group_id(request: pytest.FixtureRequest) -> str:
+    return f"g.{request.node.name[:40]}.{uuid.uuid4().hex[:8]}"
