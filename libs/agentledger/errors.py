@@ -50,3 +50,85 @@ class PoisonMessage(ValidationFailed):
     """A message could not be parsed; it goes to the dead-letter topic and is acked."""
 
     code = "poison_message"
+
+
+# --- authority boundary (R1) -------------------------------------------------------------
+
+
+class UnknownAction(ValidationFailed):
+    """The action is not on the allowlist."""
+
+    code = "unknown_action"
+
+
+class InvalidArguments(ValidationFailed):
+    """The arguments do not satisfy the action's closed schema."""
+
+    code = "invalid_arguments"
+
+
+class ResourceNotFound(ValidationFailed):
+    """The target resource does not exist in this tenant."""
+
+    # Deliberately the same answer for "missing" and "belongs to another tenant" (R1.4).
+    code = "resource_not_found"
+
+
+class IdentityRejected(AgentLedgerError):
+    """The identity of the caller could not be verified."""
+
+    code = "identity_rejected"
+
+
+class PolicyDenied(AgentLedgerError):
+    """The current policy does not permit this command."""
+
+    code = "policy_denied"
+
+
+# --- ledger (R3, R4, R5) -----------------------------------------------------------------
+
+
+class IdempotencyConflict(AgentLedgerError):
+    """The operation id is already bound to a different request (HTTP 409)."""
+
+    code = "idempotency_conflict"
+
+
+class CommandNotFound(AgentLedgerError):
+    """No command with this operation id exists for this tenant."""
+
+    code = "command_not_found"
+
+
+class TenantNotSet(AgentLedgerError):
+    """A tenant-scoped query ran without a tenant bound to the transaction."""
+
+    code = "tenant_not_set"
+
+
+class StaleClaim(AgentLedgerError):
+    """The claim was taken over by another worker; this worker may not finalize."""
+
+    code = "stale_claim"
+
+
+class InvalidTransition(AgentLedgerError):
+    """The command is not in a state that allows this transition."""
+
+    code = "invalid_transition"
+
+
+# --- payload encryption (R3.6) -------------------------------------------------------------
+
+
+class DecryptionFailed(AgentLedgerError):
+    """A payload could not be decrypted (wrong key, tampered, or moved to another row)."""
+
+    code = "decryption_failed"
+
+
+class PayloadPurged(AgentLedgerError):
+    """The payload was purged by the retention policy; only its hash remains."""
+
+    code = "payload_purged"
