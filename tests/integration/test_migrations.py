@@ -50,11 +50,11 @@ def test_migrated_schema_matches_the_declared_tables(database_url: str) -> None:
 
 
 async def test_runner_is_idempotent_and_safe_under_concurrency(make_database: Callable[[], str]) -> None:
-    # A database with nothing applied: start from the template copy and forget its bookkeeping
-    # would be cheating; instead run the real files on an empty database from scratch.
+    # Run the real files on an emptied database from scratch, four runners at once.
     url = make_database()
     conn = await asyncpg.connect(url)
     await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+    await conn.execute("DROP PUBLICATION IF EXISTS agentledger_outbox")
     await conn.close()
 
     results = await asyncio.gather(*(migrations.migrate(url, MIGRATIONS) for _ in range(4)))

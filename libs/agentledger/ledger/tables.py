@@ -7,10 +7,11 @@ on: a test applies every migration to an empty database and compares it with ``m
 from __future__ import annotations
 
 from sqlalchemy import (
-    CheckConstraint,
+    BigInteger,
     Column,
     DateTime,
     ForeignKeyConstraint,
+    Integer,
     LargeBinary,
     MetaData,
     Table,
@@ -21,7 +22,19 @@ from sqlalchemy.dialects.postgresql import JSONB, UUID
 
 metadata = MetaData()
 
-COMMAND_STATES = ("pending", "dispatching", "succeeded", "denied", "expired", "unknown")
+COMMAND_STATES = (
+    "pending", "dispatching", "succeeded", "denied", "expired", "unknown",
+    "review_required", "failed",
+)
+TERMINAL_STATES = ("succeeded", "denied", "expired", "review_required", "failed")
+
+
+def _ts(name: str, *, nullable: bool = True, default_now: bool = False) -> Column[object]:
+    return Column(
+        name, DateTime(timezone=True), nullable=nullable,
+        server_default=text("now()") if default_now else None,
+    )
+
 
 agent_command = Table(
     "agent_command",
@@ -29,22 +42,93 @@ agent_command = Table(
     Column("tenant_id", UUID(as_uuid=True), primary_key=True),
     Column("operation_id", UUID(as_uuid=True), primary_key=True),
     Column("request_hash", LargeBinary, nullable=False),
-    Column("command", JSONB, nullable=False),
     Column("state", Text, nullable=False),
     Column("provider_receipt", Text),
-    Column("lease_until", DateTime(timezone=True)),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
-    CheckConstraint(f"state IN {COMMAND_STATES!r}", name="agent_command_state_check"),
+    _ts("lease_until"),
+    _ts("created_at", nullable=False, default_now=True),
+    Column("principal_id", Text, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("connector", Text, nullable=False),
+    Column("resource_id", Text, nullable=False),
+    Column("expected_revision", Text),
+    Column("decision_id", UUID(as_uuid=True), nullable=False),
+    Column("policy_version", Text, nullable=False),
+    Column("allowlist_version", Text, nullable=False),
+    _ts("expires_at", nullable=False),
+    Column("payload_ciphertext", LargeBinary),
+    Column("payload_key_version", Integer),
+    _ts("payload_purged_at"),
+    Column("claim_token", UUID(as_uuid=True)),
+    Column("claimed_by", Text),
+    Column("fencing_generation", BigInteger, nullable=False, server_default=text("0")),
+    Column("outcome_reason", Text),
+    _ts("updated_at", nullable=False, default_now=True),
+    _ts("dispatched_at"),
+    _ts("finished_at"),
 )
+
+command_attempt = Table(
+    "command_attempt",
+    metadata,
+    Column("attempt_id", UUID(as_uuid=True), primary_key=True),
+    Column("tenant_id", UUID(as_uuid=True), nullable=False),
+    Column("operation_id", UUID(as_uuid=True), nullable=False),
+    Column("fencing_generation", BigInteger, nullable=False),
+    Column("worker_id", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    _ts("started_at", nullable=False, default_now=True),
+    _ts("finished_at"),
+    Column("result", Text),
+    Column("detail", Text),
+    Column("traceparent", Text),
+    ForeignKeyConstraint(
+        ["tenant_id", "operation_id"],
+        ["agent_command.tenant_id", "agent_command.operation_id"],
+    ),
+)
+
+tenant_data_key = Table(
+    "tenant_data_key",
+    metadata,
+    Column("tenant_id", UUID(as_uuid=True), primary_key=True),
+    Column("key_version", Integer, primary_key=True),
+    Column("wrapped_key", LargeBinary, nullable=False),
+    _ts("created_at", nullable=False, default_now=True),
+)
+
+
+def _outbox_columns() -> list[Column[object]]:
+    """Debezium Outbox Event Router columns plus the W3C context captured at admission."""
+    return [
+        Column("aggregatetype", Text, nullable=False),
+        Column("aggregateid", Text, nullable=False),
+        Column("type", Text, nullable=False),
+        Column("payload", JSONB, nullable=False),
+        Column("traceparent", Text),
+        Column("tracestate", Text),
+        _ts("created_at", nullable=False, default_now=True),
+    ]
+
 
 command_outbox = Table(
     "command_outbox",
     metadata,
     Column("tenant_id", UUID(as_uuid=True), primary_key=True),
     Column("operation_id", UUID(as_uuid=True), primary_key=True),
-    Column("available_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    _ts("available_at", nullable=False, default_now=True),
+    Column("id", UUID(as_uuid=True), nullable=False, unique=True),
+    *_outbox_columns(),
     ForeignKeyConstraint(
         ["tenant_id", "operation_id"],
         ["agent_command.tenant_id", "agent_command.operation_id"],
     ),
+)
+
+event_outbox = Table(
+    "event_outbox",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("tenant_id", UUID(as_uuid=True), nullable=False),
+    Column("operation_id", UUID(as_uuid=True)),
+    *_outbox_columns(),
 )
