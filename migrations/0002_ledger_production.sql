@@ -171,8 +171,7 @@ ALTER TABLE tenant_data_key ENABLE ROW LEVEL SECURITY;
 ALTER TABLE tenant_data_key FORCE ROW LEVEL SECURITY;
 
 CREATE POLICY tenant_isolation ON agent_command
-  TO agentledger_admission, agentledger_executor, agentledger_reconciler,
-     agentledger_maintenance, agentledger_auditor
+  TO agentledger_admission, agentledger_executor, agentledger_reconciler, agentledger_auditor
   USING (tenant_id = agentledger_current_tenant())
   WITH CHECK (tenant_id = agentledger_current_tenant());
 CREATE POLICY tenant_isolation ON command_attempt
@@ -191,6 +190,8 @@ CREATE POLICY tenant_isolation ON event_outbox
   TO agentledger_admission, agentledger_executor, agentledger_reconciler
   USING (tenant_id = agentledger_current_tenant())
   WITH CHECK (tenant_id = agentledger_current_tenant());
+-- Retention runs across tenants; its column grants only let it purge payloads.
+CREATE POLICY retention_purge ON agent_command TO agentledger_maintenance USING (true);
 -- The relay publishes every tenant's obligations: it needs no tenant, and may only read and
 -- delete (the sweep), which its grants already limit.
 CREATE POLICY relay_sweep ON command_outbox TO agentledger_relay USING (true);

@@ -132,3 +132,10 @@ class PayloadPurged(AgentLedgerError):
     """The payload was purged by the retention policy; only its hash remains."""
 
     code = "payload_purged"
+
+
+class AccessDenied(StorageError):
+    """The database refused the statement for this role or tenant (privileges or row security)."""
+
+    code = "access_denied"
+    retryable = False

@@ -1,0 +1,86 @@
+-- Every statement of the command ledger. Loaded once by repository.py; bound parameters only.
+
+-- name: bind_tenant --
+-- Bind the tenant for row-level security for the rest of this transaction only.
+SELECT set_config('agentledger.tenant_id', $1::text, true);
+
+-- name: admit_command --
+-- Seed §4: insert the command; only if THIS statement inserted it (RETURNING yields only
+-- rows actually inserted) insert its dispatch obligation. Returns 1 if admitted now, else 0.
+WITH admitted AS (
+  INSERT INTO agent_command (
+    tenant_id, operation_id, request_hash, state, principal_id, action, connector,
+    resource_id, expected_revision, decision_id, policy_version, allowlist_version,
+    expires_at, payload_ciphertext, payload_key_version
+  ) VALUES ($1, $2, $3, 'pending', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+  ON CONFLICT (tenant_id, operation_id) DO NOTHING
+  RETURNING tenant_id, operation_id, connector
+), obligation AS (
+  INSERT INTO command_outbox (
+    tenant_id, operation_id, aggregatetype, aggregateid, type, payload, traceparent, tracestate
+  )
+  SELECT tenant_id, operation_id, connector,
+         tenant_id::text || ':' || operation_id::text,
+         'command.admitted',
+         jsonb_build_object('tenant_id', tenant_id, 'operation_id', operation_id,
+                            'type', 'command.admitted'),
+         $15, $16
+  FROM admitted
+  RETURNING 1
+)
+SELECT count(*)::int FROM obligation;
+
+-- name: recorded_command --
+-- What the ledger holds for a key; in READ COMMITTED this statement takes a new snapshot, so
+-- it sees a concurrent first admission once the uniqueness check has waited for it.
+SELECT request_hash, state, provider_receipt, outcome_reason, action, connector, resource_id,
+       created_at, finished_at, payload_purged_at IS NOT NULL AS payload_purged
+FROM agent_command
+WHERE tenant_id = $1 AND operation_id = $2;
+
+-- name: load_command --
+-- The frozen command as admission stored it, for the dispatcher (R1.6).
+SELECT tenant_id, operation_id, request_hash, state, principal_id, action, connector,
+       resource_id, expected_revision, decision_id, policy_version, allowlist_version,
+       expires_at, payload_ciphertext, payload_key_version, payload_purged_at,
+       provider_receipt, outcome_reason, claim_token, claimed_by, fencing_generation,
+       lease_until, created_at, updated_at, dispatched_at, finished_at
+FROM agent_command
+WHERE tenant_id = $1 AND operation_id = $2;
+
+-- name: append_event --
+-- An audit or outcome event, published by the relay (audit.events.v1 / agent.outcomes.v1).
+INSERT INTO event_outbox (tenant_id, operation_id, aggregatetype, aggregateid, type, payload,
+                          traceparent, tracestate)
+VALUES ($1::uuid, $2, $3, $1::uuid::text, $4, $5, $6, $7);
+
+-- name: latest_data_key --
+-- The tenant's current wrapped data key.
+SELECT key_version, wrapped_key FROM tenant_data_key
+WHERE tenant_id = $1 ORDER BY key_version DESC LIMIT 1;
+
+-- name: data_key --
+-- A given version of the tenant's wrapped data key (to decrypt older payloads).
+SELECT wrapped_key FROM tenant_data_key WHERE tenant_id = $1 AND key_version = $2;
+
+-- name: insert_data_key --
+-- First writer wins; a concurrent creator re-reads the winner's key.
+INSERT INTO tenant_data_key (tenant_id, key_version, wrapped_key) VALUES ($1, $2, $3)
+ON CONFLICT (tenant_id, key_version) DO NOTHING;
+
+-- name: purge_payloads --
+-- Retention (R3.6): drop payloads of commands terminal for longer than the window; the hash,
+-- state and receipt stay, so a late replay is still recognised as replay or conflict.
+UPDATE agent_command
+SET payload_ciphertext = NULL, payload_key_version = NULL, payload_purged_at = now(),
+    updated_at = now()
+WHERE (tenant_id, operation_id) IN (
+  SELECT tenant_id, operation_id FROM agent_command
+  WHERE state IN ('succeeded', 'denied', 'expired', 'review_required', 'failed')
+    AND payload_ciphertext IS NOT NULL
+    AND finished_at < now() - make_interval(secs => $1)
+  ORDER BY finished_at
+  LIMIT $2
+  FOR UPDATE SKIP LOCKED
+)
+RETURNING tenant_id, operation_id;

@@ -1,0 +1,248 @@
+"""The only code that runs ledger SQL. Driver errors are translated here, nowhere else.
+
+Every tenant-scoped statement runs inside :func:`transaction`, which binds the tenant for
+row-level security (``set_config(..., true)``: this transaction only), bounds the transaction
+in time, and rolls back on any error (SPEC R4.2, R4.5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+from uuid import UUID
+
+import asyncpg
+
+from agentledger import errors, sql
+
+Q = sql.load(Path(__file__).with_name("queries.sql"))
+
+# Admission and claims are a handful of short statements; anything slower is a stuck lock
+# or an overloaded server, and holding the transaction open longer only makes it worse.
+DEFAULT_TX_TIMEOUT_S = 5.0
+
+AdmitStatus = Literal["admitted", "replayed", "conflict"]
+
+
+@asynccontextmanager
+async def transaction(
+    conn: asyncpg.Connection, tenant_id: UUID | None, *, timeout: float = DEFAULT_TX_TIMEOUT_S
+) -> AsyncIterator[asyncpg.Connection]:
+    """A READ COMMITTED transaction bound to one tenant, with a timeout; rolls back on error.
+
+    Args:
+        conn: a connection (from a pool or not); the caller owns it.
+        tenant_id: the tenant for row-level security; ``None`` runs with no tenant bound
+            (only cross-tenant roles such as retention or the relay see rows then).
+        timeout: seconds for the whole transaction, enforced client-side and as the
+            server's statement timeout.
+
+    Raises:
+        AccessDenied: privileges or row security refused a statement.
+        StorageError: any other database failure (retryable).
+    """
+    try:
+        async with asyncio.timeout(timeout):
+            async with conn.transaction(isolation="read_committed"):
+                await conn.execute(
+                    "SELECT set_config('statement_timeout', $1, true)", f"{int(timeout * 1000)}ms"
+                )
+                if tenant_id is not None:
+                    await conn.execute(Q["bind_tenant"], str(tenant_id))
+                yield conn
+    except asyncpg.InsufficientPrivilegeError as exc:
+        raise errors.AccessDenied(str(exc), sqlstate=exc.sqlstate) from exc
+    except asyncpg.PostgresError as exc:
+        raise errors.StorageError(str(exc), sqlstate=exc.sqlstate) from exc
+    except (TimeoutError, OSError, asyncpg.InterfaceError) as exc:
+        raise errors.StorageError(f"ledger transaction failed: {exc!r}") from exc
+
+
+@dataclass(frozen=True)
+class NewCommand:
+    """Everything admission persists for one approved command (the payload already encrypted)."""
+
+    tenant_id: UUID
+    operation_id: UUID
+    request_hash: bytes
+    principal_id: str
+    action: str
+    connector: str
+    resource_id: str
+    expected_revision: str | None
+    decision_id: UUID
+    policy_version: str
+    allowlist_version: str
+    expires_at: datetime
+    payload_ciphertext: bytes
+    payload_key_version: int
+    traceparent: str | None = None
+    tracestate: str | None = None
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What the ledger holds for an operation id: enough to answer a replay."""
+
+    request_hash: bytes
+    state: str
+    provider_receipt: str | None
+    outcome_reason: str | None
+    action: str
+    connector: str
+    resource_id: str
+    created_at: datetime
+    finished_at: datetime | None
+    payload_purged: bool
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Recorded:
+        return cls(**{f: row[f] for f in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class AdmitResult:
+    """The outcome of one admission attempt."""
+
+    status: AdmitStatus
+    recorded: Recorded
+
+
+async def append_event(
+    conn: asyncpg.Connection,
+    *,
+    tenant_id: UUID,
+    operation_id: UUID | None,
+    family: Literal["audit", "outcome"],
+    type: str,
+    payload: Mapping[str, Any],
+    traceparent: str | None = None,
+    tracestate: str | None = None,
+) -> None:
+    """Write an audit or outcome event into the outbox, inside the caller's transaction."""
+    await conn.execute(
+        Q["append_event"], tenant_id, operation_id, family, type,
+        json.dumps(payload, default=str, separators=(",", ":")), traceparent, tracestate,
+    )
+
+
+async def admit(
+    conn: asyncpg.Connection, cmd: NewCommand, *, audit: Mapping[str, Any] | None = None,
+    timeout: float = DEFAULT_TX_TIMEOUT_S,
+) -> AdmitResult:
+    """Admit a command once (SPEC R4.1-R4.3).
+
+    One transaction inserts the ledger row and, only for the first admission, the outbox row;
+    then the stored hash is compared with the submitted one: same → replay (nothing created),
+    different → conflict (nothing changed). Every outcome is audited in the same transaction.
+
+    Args:
+        conn: a connection whose role may admit (``agentledger_admission`` or an owner).
+        cmd: the command to admit.
+        audit: extra, non-sensitive fields for the audit event (no payload, no prompt).
+    """
+    async with transaction(conn, cmd.tenant_id, timeout=timeout) as tx:
+        inserted = await tx.fetchval(
+            Q["admit_command"],
+            cmd.tenant_id, cmd.operation_id, cmd.request_hash, cmd.principal_id, cmd.action,
+            cmd.connector, cmd.resource_id, cmd.expected_revision, cmd.decision_id,
+            cmd.policy_version, cmd.allowlist_version, cmd.expires_at, cmd.payload_ciphertext,
+            cmd.payload_key_version, cmd.traceparent, cmd.tracestate,
+        )
+        row = await tx.fetchrow(Q["recorded_command"], cmd.tenant_id, cmd.operation_id)
+        if row is None:  # impossible unless row security hides our own tenant's row
+            raise errors.StorageError("admitted command is not visible to its own tenant")
+        recorded = Recorded.from_row(row)
+        status: AdmitStatus
+        if inserted:
+            status = "admitted"
+        elif hmac.compare_digest(recorded.request_hash, cmd.request_hash):
+            status = "replayed"
+        else:
+            status = "conflict"
+        await append_event(
+            tx, tenant_id=cmd.tenant_id, operation_id=cmd.operation_id, family="audit",
+            type=f"command.{status}",
+            payload={
+                "operation_id": str(cmd.operation_id), "principal_id": cmd.principal_id,
+                "action": cmd.action, "connector": cmd.connector,
+                "submitted_hash": cmd.request_hash.hex(),
+                "recorded_hash": recorded.request_hash.hex(), "state": recorded.state,
+                "decision_id": str(cmd.decision_id), "policy_version": cmd.policy_version,
+                "allowlist_version": cmd.allowlist_version, **(audit or {}),
+            },
+            traceparent=cmd.traceparent, tracestate=cmd.tracestate,
+        )
+    return AdmitResult(status, recorded)
+
+
+async def recorded(conn: asyncpg.Connection, tenant_id: UUID, operation_id: UUID) -> Recorded:
+    """The recorded state of one command.
+
+    Raises:
+        CommandNotFound: no such command in this tenant (or in any tenant the caller can see).
+    """
+    async with transaction(conn, tenant_id) as tx:
+        row = await tx.fetchrow(Q["recorded_command"], tenant_id, operation_id)
+    if row is None:
+        raise errors.CommandNotFound(operation_id=str(operation_id))
+    return Recorded.from_row(row)
+
+
+async def data_key(
+    conn: asyncpg.Connection, tenant_id: UUID, make_wrapped: Callable[[], bytes]
+) -> tuple[int, bytes]:
+    """The tenant's current wrapped data key, creating version 1 on first use.
+
+    Concurrent first uses are safe: the first insert wins and everyone reads the winner's key.
+    """
+    async with transaction(conn, tenant_id) as tx:
+        row = await tx.fetchrow(Q["latest_data_key"], tenant_id)
+        if row is None:
+            await tx.execute(Q["insert_data_key"], tenant_id, 1, make_wrapped())
+            row = await tx.fetchrow(Q["latest_data_key"], tenant_id)
+    assert row is not None
+    return int(row["key_version"]), bytes(row["wrapped_key"])
+
+
+async def data_key_version(conn: asyncpg.Connection, tenant_id: UUID, version: int) -> bytes:
+    """A specific version of the tenant's wrapped data key."""
+    async with transaction(conn, tenant_id) as tx:
+        wrapped = await tx.fetchval(Q["data_key"], tenant_id, version)
+    if wrapped is None:
+        raise errors.DecryptionFailed("no data key of that version for this tenant")
+    return bytes(wrapped)
+
+
+async def load_command(
+    conn: asyncpg.Connection, tenant_id: UUID, operation_id: UUID
+) -> asyncpg.Record:
+    """The command exactly as admission stored it (R1.6).
+
+    Raises:
+        CommandNotFound: no such command visible to this tenant.
+    """
+    async with transaction(conn, tenant_id) as tx:
+        row = await tx.fetchrow(Q["load_command"], tenant_id, operation_id)
+    if row is None:
+        raise errors.CommandNotFound(operation_id=str(operation_id))
+    return row
+
+
+async def purge_payloads(
+    conn: asyncpg.Connection, *, older_than_s: float, batch: int = 500
+) -> list[tuple[UUID, UUID]]:
+    """Purge payloads of commands terminal for longer than ``older_than_s`` (R3.6).
+
+    Runs across tenants (role ``agentledger_maintenance``); returns the purged keys.
+    """
+    async with transaction(conn, None, timeout=30) as tx:
+        rows = await tx.fetch(Q["purge_payloads"], older_than_s, batch)
+    return [(r["tenant_id"], r["operation_id"]) for r in rows]

@@ -1,0 +1,171 @@
+"""Tenant isolation is enforced by the database (R4.5), and each role can do only its job."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from agentledger import errors
+from agentledger.ledger import repository
+from tests.integration.ledger_factory import new_command
+
+ROLES = ("agentledger_admission", "agentledger_executor", "agentledger_reconciler",
+         "agentledger_relay", "agentledger_maintenance", "agentledger_auditor")
+TENANT_TABLES = ("agent_command", "command_outbox", "event_outbox", "command_attempt",
+                 "tenant_data_key")
+
+
+@pytest.fixture
+async def as_role(database_url: str) -> AsyncIterator[object]:
+    conns: list[asyncpg.Connection] = []
+
+    async def connect(role: str) -> asyncpg.Connection:
+        conn = await asyncpg.connect(database_url)
+        await conn.execute(f'SET ROLE "{role}"')
+        conns.append(conn)
+        return conn
+
+    yield connect
+    for c in conns:
+        await c.close()
+
+
+@pytest.fixture
+async def admitted(db: asyncpg.Connection) -> repository.NewCommand:
+    cmd = new_command()
+    assert (await repository.admit(db, cmd)).status == "admitted"
+    await db.execute(
+        "INSERT INTO command_attempt (tenant_id, operation_id, fencing_generation, worker_id, kind) "
+        "VALUES ($1, $2, 1, 'w1', 'dispatch')", cmd.tenant_id, cmd.operation_id,
+    )
+    return cmd
+
+
+async def test_roles_are_least_privilege(db: asyncpg.Connection) -> None:
+    rows = await db.fetch(
+        "SELECT rolname, rolsuper, rolbypassrls, rolcreaterole, rolcreatedb, rolcanlogin "
+        "FROM pg_roles WHERE rolname = ANY($1::text[])", list(ROLES),
+    )
+    assert {r["rolname"] for r in rows} == set(ROLES)
+    for r in rows:
+        assert not (r["rolsuper"] or r["rolbypassrls"] or r["rolcreaterole"] or r["rolcreatedb"]), r
+    owners = await db.fetch(
+        "SELECT tablename, tableowner FROM pg_tables WHERE tablename = ANY($1::text[])",
+        list(TENANT_TABLES),
+    )
+    assert all(o["tableowner"] not in ROLES for o in owners)
+    forced = await db.fetch(
+        "SELECT relname, relrowsecurity, relforcerowsecurity FROM pg_class "
+        "WHERE relname = ANY($1::text[]) AND relkind = 'r'", list(TENANT_TABLES),
+    )
+    assert len(forced) == len(TENANT_TABLES)
+    assert all(f["relrowsecurity"] and f["relforcerowsecurity"] for f in forced), forced
+
+
+@pytest.mark.parametrize("role", ["agentledger_admission", "agentledger_executor",
+                                  "agentledger_reconciler", "agentledger_auditor"])
+async def test_another_tenant_sees_nothing_and_no_tenant_sees_nothing(
+    as_role: object, admitted: repository.NewCommand, role: str
+) -> None:
+    conn = await as_role(role)  # type: ignore[operator]
+    other = uuid.uuid4()
+    readable = {"agent_command", "command_attempt"} if role in (
+        "agentledger_executor", "agentledger_reconciler", "agentledger_auditor") else {"agent_command"}
+    for table in readable:
+        async with repository.transaction(conn, admitted.tenant_id) as tx:
+            assert await tx.fetchval(f"SELECT count(*) FROM {table}") >= 1, (role, table)
+        async with repository.transaction(conn, other) as tx:
+            assert await tx.fetchval(f"SELECT count(*) FROM {table}") == 0, (role, table)
+        async with repository.transaction(conn, None) as tx:
+            assert await tx.fetchval(f"SELECT count(*) FROM {table}") == 0, (role, table)
+
+
+async def test_admission_cannot_write_for_another_tenant(
+    as_role: object, admitted: repository.NewCommand
+) -> None:
+    conn = await as_role("agentledger_admission")  # type: ignore[operator]
+    # Bound to tenant B, inserting a row that claims tenant A is refused by WITH CHECK.
+    smuggled = new_command(admitted.tenant_id)
+    with pytest.raises(errors.AccessDenied):
+        async with repository.transaction(conn, uuid.uuid4()) as tx:
+            await tx.execute(
+                "INSERT INTO event_outbox (tenant_id, aggregatetype, aggregateid, type, payload) "
+                "VALUES ($1, 'audit', 'x', 't', '{}')", smuggled.tenant_id,
+            )
+    # And admission through the repository binds the command's own tenant: that works.
+    assert (await repository.admit(conn, smuggled)).status == "admitted"
+
+
+async def test_admission_cannot_change_dispatch_state(
+    as_role: object, admitted: repository.NewCommand
+) -> None:
+    conn = await as_role("agentledger_admission")  # type: ignore[operator]
+    with pytest.raises(errors.AccessDenied):
+        async with repository.transaction(conn, admitted.tenant_id) as tx:
+            await tx.execute("UPDATE agent_command SET state = 'succeeded', provider_receipt='x'")
+    with pytest.raises(errors.AccessDenied):
+        async with repository.transaction(conn, admitted.tenant_id) as tx:
+            await tx.execute("DELETE FROM agent_command")
+
+
+@pytest.mark.parametrize("role", ["agentledger_executor", "agentledger_reconciler"])
+async def test_executor_changes_state_but_never_payload_or_hash(
+    as_role: object, admitted: repository.NewCommand, db: asyncpg.Connection, role: str
+) -> None:
+    conn = await as_role(role)  # type: ignore[operator]
+    async with repository.transaction(conn, admitted.tenant_id) as tx:
+        n = await tx.execute(
+            "UPDATE agent_command SET state = 'dispatching', claim_token = gen_random_uuid(), "
+            "lease_until = now() + interval '30 seconds', fencing_generation = fencing_generation + 1 "
+            "WHERE operation_id = $1", admitted.operation_id,
+        )
+    assert n == "UPDATE 1"
+    for column, value in (("request_hash", "'\\x00'::bytea"), ("payload_ciphertext", "'\\x00'::bytea"),
+                          ("principal_id", "'mallory'"), ("resource_id", "'cust-2'")):
+        with pytest.raises(errors.AccessDenied):
+            async with repository.transaction(conn, admitted.tenant_id) as tx:
+                await tx.execute(f"UPDATE agent_command SET {column} = {value}")
+    with pytest.raises(errors.AccessDenied):
+        async with repository.transaction(conn, admitted.tenant_id) as tx:
+            await tx.execute("INSERT INTO command_outbox (tenant_id, operation_id, aggregatetype, "
+                             "aggregateid, payload) VALUES ($1, $2, 'crm', 'x', '{}')",
+                             admitted.tenant_id, uuid.uuid4())
+    # Another tenant's executor transaction updates nothing.
+    async with repository.transaction(conn, uuid.uuid4()) as tx:
+        assert await tx.execute("UPDATE agent_command SET state = 'unknown'") == "UPDATE 0"
+    row = await db.fetchrow("SELECT state, request_hash FROM agent_command WHERE operation_id=$1",
+                            admitted.operation_id)
+    assert row["state"] == "dispatching" and row["request_hash"] == admitted.request_hash
+
+
+async def test_relay_reads_and_sweeps_outboxes_only(
+    as_role: object, admitted: repository.NewCommand
+) -> None:
+    conn = await as_role("agentledger_relay")  # type: ignore[operator]
+    async with repository.transaction(conn, None) as tx:
+        assert await tx.fetchval("SELECT count(*) FROM command_outbox WHERE operation_id=$1",
+                                 admitted.operation_id) == 1
+    with pytest.raises(errors.AccessDenied):
+        async with repository.transaction(conn, None) as tx:
+            await tx.fetchval("SELECT count(*) FROM agent_command")
+    with pytest.raises(errors.AccessDenied):
+        async with repository.transaction(conn, None) as tx:
+            await tx.execute("UPDATE command_outbox SET type = 'x'")
+    async with repository.transaction(conn, None) as tx:
+        assert await tx.execute("DELETE FROM command_outbox WHERE operation_id=$1",
+                                admitted.operation_id) == "DELETE 1"
+
+
+async def test_maintenance_can_only_purge_payloads(
+    as_role: object, admitted: repository.NewCommand
+) -> None:
+    conn = await as_role("agentledger_maintenance")  # type: ignore[operator]
+    with pytest.raises(errors.AccessDenied):
+        async with repository.transaction(conn, None) as tx:
+            await tx.execute("UPDATE agent_command SET state = 'succeeded'")
+    with pytest.raises(errors.AccessDenied):
+        async with repository.transaction(conn, None) as tx:
+            await tx.execute("UPDATE agent_command SET request_hash = '\\x00'::bytea")
