@@ -1,0 +1,143 @@
+"""Constrained types shared by every message and command model.
+
+No ``from __future__ import annotations`` here or in the sibling modules: pydantic reads
+these annotations at runtime.
+
+Models are strict (``"5"`` is not an int, ``1`` is not a bool), except for UUIDs and
+datetimes, which JSON can only carry as strings: they are marked ``Strict(False)`` so the
+same model accepts a decoded JSON dict and a ``model_validate_json`` call alike.
+"""
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Annotated, Final, Self
+from uuid import UUID
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    Strict,
+    StringConstraints,
+    field_validator,
+)
+
+# Frozen: a message or command is a fact once built; nobody edits it in place (R2.5).
+MODEL_CONFIG: Final = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Contract(BaseModel):
+    """Base of every agentledger message model: unknown fields rejected, strict, frozen."""
+
+    model_config = MODEL_CONFIG
+
+
+TenantId = Annotated[UUID, Strict(False)]
+OperationId = Annotated[UUID, Strict(False)]
+Uuid = Annotated[UUID, Strict(False)]
+Timestamp = Annotated[AwareDatetime, Strict(False)]
+"""A timezone-aware instant; naive datetimes are ambiguous across services and rejected."""
+
+PrincipalId = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]*$"),
+]
+ActionName = Annotated[
+    str, StringConstraints(max_length=64, pattern=r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
+]
+ConnectorName = Annotated[str, StringConstraints(max_length=32, pattern=r"^[a-z][a-z0-9_]*$")]
+ResourceId = Annotated[
+    str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+]
+# Printable ASCII without spaces: covers ETags (quotes, W/ prefix) and numeric versions.
+Revision = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[!-~]+$")]
+HashHex = Annotated[str, StringConstraints(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$")]
+VersionTag = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[!-~]+$")]
+ErrorCode = Annotated[
+    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")
+]
+Reason = Annotated[str, StringConstraints(min_length=1, max_length=2000)]
+ShortText = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+ArgumentKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+
+# Room for the largest allowlisted argument set (a 4,000-character note body is at most
+# 16 KB of UTF-8) with margin; anything bigger is abuse, not a business request.
+MAX_ARGUMENTS_BYTES: Final = 32 * 1024
+
+Arguments = Annotated[dict[ArgumentKey, JsonValue], Field(max_length=64)]
+
+
+def check_json_size(value: Mapping[str, object], *, limit: int = MAX_ARGUMENTS_BYTES) -> None:
+    """Raise ``ValueError`` when a JSON object serializes to more than ``limit`` bytes."""
+    size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+    if size > limit:
+        raise ValueError(f"serialized size {size} bytes exceeds {limit}")
+
+
+# --- W3C trace context (R8.2) ---------------------------------------------------------------
+
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
+_TRACESTATE_KEY = (
+    r"(?:[a-z][a-z0-9_*/-]{0,255}"  # simple key
+    r"|[a-z0-9][a-z0-9_*/-]{0,240}@[a-z][a-z0-9_*/-]{0,13})"  # multi-tenant key: tenant@system
+)
+_TRACESTATE_VALUE = r"[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+_TRACESTATE_MEMBER = re.compile(rf"^{_TRACESTATE_KEY}={_TRACESTATE_VALUE}$")
+_TRACESTATE_MAX_MEMBERS: Final = 32  # the W3C limit
+
+
+class TraceContext(Contract):
+    """W3C trace context as carried in Kafka headers (``traceparent``, ``tracestate``)."""
+
+    traceparent: Annotated[str, StringConstraints(min_length=55, max_length=512)]
+    tracestate: Annotated[str, StringConstraints(max_length=512)] | None = None
+
+    @field_validator("traceparent")
+    @classmethod
+    def _check_traceparent(cls, value: str) -> str:
+        match = _TRACEPARENT.match(value)
+        if match is None:
+            raise ValueError("traceparent is not in W3C format")
+        version, trace_id, parent_id, _flags, rest = match.groups()
+        if version == "ff":
+            raise ValueError("traceparent version ff is invalid")
+        if version == "00" and rest is not None:
+            raise ValueError("traceparent version 00 has exactly four fields")
+        if trace_id == "0" * 32 or parent_id == "0" * 16:
+            raise ValueError("traceparent ids must not be all zeros")
+        return value
+
+    @field_validator("tracestate")
+    @classmethod
+    def _check_tracestate(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        members = [m.strip() for m in value.split(",") if m.strip()]
+        if len(members) > _TRACESTATE_MAX_MEMBERS:
+            raise ValueError("tracestate has more than 32 members")
+        if not all(_TRACESTATE_MEMBER.match(m) for m in members):
+            raise ValueError("tracestate is not in W3C format")
+        return value
+
+    @classmethod
+    def from_headers(cls, headers: Mapping[str, bytes | str]) -> Self | None:
+        """Read the context from message headers; ``None`` when there is no traceparent.
+
+        Raises:
+            pydantic.ValidationError: A traceparent or tracestate is present but malformed.
+        """
+        raw = {k.lower(): v.decode("latin-1") if isinstance(v, bytes) else v
+               for k, v in headers.items() if k.lower() in ("traceparent", "tracestate")}
+        if "traceparent" not in raw:
+            return None
+        return cls(traceparent=raw["traceparent"], tracestate=raw.get("tracestate") or None)
+
+    def to_headers(self) -> dict[str, bytes]:
+        """The context as Kafka header values."""
+        headers = {"traceparent": self.traceparent.encode()}
+        if self.tracestate:
+            headers["tracestate"] = self.tracestate.encode()
+        return headers

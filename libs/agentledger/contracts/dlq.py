@@ -1,0 +1,116 @@
+"""``*.dlq.v1``: a message that could not be processed, kept for inspection and replay.
+
+The raw bytes travel base64-encoded so nothing is lost to decoding, but bounded: a
+dead-letter record must itself always fit in a Kafka message.
+"""
+
+import base64
+from datetime import datetime
+from typing import Annotated, Final, Literal, Self
+
+from pydantic import Field, StringConstraints
+
+from agentledger import errors
+from agentledger.contracts import common
+
+# Enough to diagnose any legitimate message (proposals are bounded far below this) while
+# the whole record stays well under Kafka's default 1 MiB message limit.
+MAX_VALUE_BYTES: Final = 64 * 1024
+MAX_KEY_CHARS: Final = 512
+MAX_REASON_CHARS: Final = 2000
+# 384 raw bytes are exactly 512 base64 characters.
+_MAX_KEY_BYTES_B64: Final = MAX_KEY_CHARS // 4 * 3
+
+TopicName = Annotated[
+    str, StringConstraints(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")
+]
+
+
+def _b64len(raw: int) -> int:
+    return 4 * -(-raw // 3)
+
+
+class DeadLetterV1(common.Contract):
+    """One poison message and why it was set aside.
+
+    Attributes:
+        key: The message key, as text when it is UTF-8 (``key_encoding="utf8"``), otherwise
+            base64 of its bytes; ``None`` for a message without key.
+        value_b64: Base64 of the raw value, cut to ``MAX_VALUE_BYTES`` (``value_truncated``).
+        value_size: The size of the original value in bytes.
+        error_code: The ``errors.AgentLedgerError.code`` that classified the failure.
+    """
+
+    source_topic: TopicName
+    partition: Annotated[int, Field(ge=0)]
+    offset: Annotated[int, Field(ge=0)]
+    key: Annotated[str, StringConstraints(max_length=MAX_KEY_CHARS)] | None = None
+    key_encoding: Literal["utf8", "base64"] = "utf8"
+    key_truncated: bool = False
+    value_b64: Annotated[str, StringConstraints(max_length=_b64len(MAX_VALUE_BYTES))]
+    value_truncated: bool = False
+    value_size: Annotated[int, Field(ge=0)]
+    error_code: common.ErrorCode
+    reason: Annotated[str, StringConstraints(min_length=1, max_length=MAX_REASON_CHARS)]
+    failed_at: common.Timestamp
+
+    @classmethod
+    def from_raw(
+        cls,
+        *,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        error: errors.AgentLedgerError,
+        failed_at: datetime,
+    ) -> Self:
+        """Build the record for a raw Kafka message, encoding and bounding its bytes.
+
+        Args:
+            topic: The topic the message was read from.
+            partition: Its partition.
+            offset: Its offset.
+            key: The raw key.
+            value: The raw value (``None`` for a tombstone).
+            error: Why it could not be processed; only its code and message are kept.
+            failed_at: When processing gave up.
+        """
+        text_key: str | None = None
+        encoding: Literal["utf8", "base64"] = "utf8"
+        key_truncated = False
+        if key is not None:
+            try:
+                text_key = key.decode("utf-8")
+            except UnicodeDecodeError:
+                text_key = None
+            if text_key is None or len(text_key) > MAX_KEY_CHARS:
+                encoding = "base64"
+                key_truncated = len(key) > _MAX_KEY_BYTES_B64
+                text_key = base64.b64encode(key[:_MAX_KEY_BYTES_B64]).decode("ascii")
+        raw = value or b""
+        return cls(
+            source_topic=topic,
+            partition=partition,
+            offset=offset,
+            key=text_key,
+            key_encoding=encoding,
+            key_truncated=key_truncated,
+            value_b64=base64.b64encode(raw[:MAX_VALUE_BYTES]).decode("ascii"),
+            value_truncated=len(raw) > MAX_VALUE_BYTES,
+            value_size=len(raw),
+            error_code=error.code,
+            reason=(error.message or error.code)[:MAX_REASON_CHARS],
+            failed_at=failed_at,
+        )
+
+    def key_bytes(self) -> bytes | None:
+        """The original key bytes (a prefix of them when ``key_truncated``)."""
+        if self.key is None:
+            return None
+        return base64.b64decode(self.key) if self.key_encoding == "base64" else self.key.encode()
+
+    def value_bytes(self) -> bytes:
+        """The original value bytes (a prefix of them when ``value_truncated``)."""
+        return base64.b64decode(self.value_b64)

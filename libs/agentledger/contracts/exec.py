@@ -1,0 +1,17 @@
+"""``exec.<connector>.v1``: the wake-up call for an executor, never the command itself.
+
+The executor loads the command from the ledger by ``(tenant_id, operation_id)`` (R1.6), so
+nothing in this body can change what gets dispatched.
+"""
+
+from typing import Literal
+
+from agentledger.contracts import common
+
+
+class ExecRequestV1(common.Contract):
+    """Asks the connector's executors to dispatch one admitted command."""
+
+    tenant_id: common.TenantId
+    operation_id: common.OperationId
+    type: Literal["command.admitted"] = "command.admitted"
