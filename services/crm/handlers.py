@@ -1,0 +1,287 @@
+"""HTTP routes of the CRM stand-in: parse, authorize, call ``store``, shape the reply.
+
+No ``from __future__ import annotations``: FastAPI reads these signatures at runtime.
+"""
+
+import hashlib
+import json
+import logging
+import re
+import secrets
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import rfc8785
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
+from pydantic import BaseModel
+
+from agentledger.services.crm import errors, faults, models, store
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+# Printable ASCII, no spaces: what Stripe-style providers accept, and safe to log.
+KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
+_ENTITY_TAG = re.compile(r'(W/)?"([0-9]{1,9})"')
+
+CustomerIdPath = Annotated[str, Path(pattern=r"^[A-Za-z0-9._:-]{1,64}$")]
+TenantIdPath = Annotated[str, Path(pattern=r"^[A-Za-z0-9._:-]{1,64}$")]
+KeyHeader = Annotated[str | None, Header(pattern=KEY_PATTERN)]
+IfMatchHeader = Annotated[str | None, Header(max_length=512)]
+AuthorizationHeader = Annotated[str | None, Header(max_length=512)]
+
+
+def get_store(request: Request) -> store.Store:
+    crm_store: store.Store = request.app.state.store
+    return crm_store
+
+
+StoreDep = Annotated[store.Store, Depends(get_store)]
+
+
+def _bearer(authorization: str | None) -> str:
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise errors.Unauthenticated()
+    return token.strip()
+
+
+def requires(scope: models.Scope) -> Any:
+    """A dependency resolving the caller's tenant from its token, refusing a missing scope."""
+
+    async def principal(crm: StoreDep, authorization: AuthorizationHeader = None
+                        ) -> store.Principal:
+        found = await crm.authenticate(_bearer(authorization))
+        if found is None:
+            raise errors.Unauthenticated()
+        if scope not in found.scopes:
+            raise errors.Forbidden(f"this operation needs the {scope.value!r} scope")
+        return found
+
+    return Depends(principal)
+
+
+Reader = Annotated[store.Principal, requires(models.Scope.READ)]
+Writer = Annotated[store.Principal, requires(models.Scope.WRITE)]
+LookupCaller = Annotated[store.Principal, requires(models.Scope.LOOKUP)]
+
+
+async def _admin(request: Request, authorization: AuthorizationHeader = None) -> None:
+    expected = request.app.state.settings.admin_token
+    presented = _bearer(authorization)
+    if expected is None or not secrets.compare_digest(
+        presented.encode(), expected.get_secret_value().encode()
+    ):
+        raise errors.Unauthenticated()
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A response as recorded under an idempotency key and sent on the wire."""
+
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, status: int, model: BaseModel, **headers: str) -> "Reply":
+        return cls(status, model.model_dump_json().encode(), {"content-type": JSON, **headers})
+
+    def response(self, **extra: str) -> Response:
+        return Response(self.body, self.status, headers={**self.headers, **extra})
+
+
+def _replay(recorded: store.Recorded) -> Response:
+    log.info("event=idempotent_replay key=%s", recorded.idempotency_key)
+    return Reply(recorded.status, recorded.body, dict(recorded.headers)).response(
+        **{"idempotent-replayed": "true"}
+    )
+
+
+def _expected_revisions(if_match: str | None) -> frozenset[int] | None:
+    """The revisions an If-Match header accepts; weak tags never match (strong comparison)."""
+    if if_match is None:
+        return None
+    revisions: set[int] = set()
+    for tag in if_match.split(","):
+        found = _ENTITY_TAG.fullmatch(tag.strip())
+        if found is None:
+            # "*" would skip the lost-update check this API exists to make.
+            raise errors.InvalidHeader('If-Match must list entity tags such as "3"')
+        if found.group(1) is None:
+            revisions.add(int(found.group(2)))
+    return frozenset(revisions)
+
+
+def _check_revision(customer: models.Customer, expected: frozenset[int] | None) -> None:
+    if expected is not None and customer.revision not in expected:
+        raise errors.PreconditionFailed(f"the current revision is {customer.revision}")
+
+
+def _etag(customer: models.Customer) -> str:
+    return f'"{customer.revision}"'
+
+
+def _request_hash(request: Request, expected: frozenset[int] | None, body: BaseModel) -> bytes:
+    """What makes two requests under one key "the same": route, precondition, canonical body."""
+    document = {
+        "method": request.method,
+        "path": request.url.path,
+        "if_match": None if expected is None else sorted(expected),
+        "body": body.model_dump(mode="json", exclude_unset=True),
+    }
+    return hashlib.sha256(rfc8785.dumps(document)).digest()
+
+
+def _applied(kind: str, principal: store.Principal, customer_id: str, key: str | None) -> None:
+    log.info("event=effect_applied kind=%s tenant=%s customer=%s key=%s",
+             kind, principal.tenant_id, customer_id, key)
+
+
+api = APIRouter()
+
+
+@api.get("/v1/customers/{customer_id}", response_model=models.Customer)
+async def get_customer(customer_id: CustomerIdPath, principal: Reader, crm: StoreDep) -> Response:
+    customer = await crm.get_customer(principal.tenant_id, customer_id)
+    return Reply.of(200, customer, etag=_etag(customer)).response()
+
+
+@api.post("/v1/customers/{customer_id}/notes", status_code=201, response_model=models.Note)
+async def create_note(
+    customer_id: CustomerIdPath, note: models.NoteCreate, request: Request,
+    principal: Writer, crm: StoreDep,
+    idempotency_key: KeyHeader = None, if_match: IfMatchHeader = None,
+) -> Response:
+    expected = _expected_revisions(if_match)
+    async with crm.mutation(
+        tenant_id=principal.tenant_id, key=idempotency_key, method=request.method,
+        path=request.url.path, request_hash=_request_hash(request, expected, note),
+    ) as tx:
+        if tx.recorded is not None:
+            return _replay(tx.recorded)
+        _check_revision(await tx.lock_customer(customer_id), expected)
+        reply = Reply.of(201, await tx.insert_note(customer_id, note.body))
+        await tx.record(kind="note.created", customer_id=customer_id, status=reply.status,
+                        headers=reply.headers, body=reply.body)
+        faults.before_commit(request)
+    _applied("note.created", principal, customer_id, idempotency_key)
+    return reply.response()
+
+
+@api.patch("/v1/customers/{customer_id}/contact", response_model=models.Customer)
+async def update_contact(
+    customer_id: CustomerIdPath, update: models.ContactUpdate, request: Request,
+    principal: Writer, crm: StoreDep,
+    idempotency_key: KeyHeader = None, if_match: IfMatchHeader = None,
+) -> Response:
+    expected = _expected_revisions(if_match)
+    if expected is None:
+        raise errors.PreconditionRequired()
+    async with crm.mutation(
+        tenant_id=principal.tenant_id, key=idempotency_key, method=request.method,
+        path=request.url.path, request_hash=_request_hash(request, expected, update),
+    ) as tx:
+        if tx.recorded is not None:
+            return _replay(tx.recorded)
+        current = await tx.lock_customer(customer_id)
+        _check_revision(current, expected)
+        merged = models.Contact.model_validate({
+            **current.model_dump(include=set(models.Contact.model_fields)),
+            **update.model_dump(exclude_unset=True),
+        })
+        updated = await tx.update_contact(customer_id, merged)
+        reply = Reply.of(200, updated, etag=_etag(updated))
+        await tx.record(kind="contact.updated", customer_id=customer_id, status=reply.status,
+                        headers=reply.headers, body=reply.body)
+        faults.before_commit(request)
+    _applied("contact.updated", principal, customer_id, idempotency_key)
+    return reply.response()
+
+
+@api.post("/v1/refunds", status_code=201, response_model=models.Refund)
+async def create_refund(
+    refund: models.RefundCreate, request: Request, principal: Writer, crm: StoreDep
+) -> Response:
+    # Deliberately not idempotent: an Idempotency-Key header is not even read.
+    async with crm.mutation(
+        tenant_id=principal.tenant_id, key=None, method=request.method,
+        path=request.url.path, request_hash=_request_hash(request, None, refund),
+    ) as tx:
+        await tx.lock_customer(refund.customer_id)
+        reply = Reply.of(201, await tx.insert_refund(refund))
+        await tx.record(kind="refund.created", customer_id=refund.customer_id,
+                        status=reply.status, headers=reply.headers, body=reply.body)
+        faults.before_commit(request)
+    _applied("refund.created", principal, refund.customer_id, None)
+    return reply.response()
+
+
+@api.get("/v1/operations/{idempotency_key}", response_model=models.Operation)
+async def get_operation(
+    idempotency_key: Annotated[str, Path(pattern=KEY_PATTERN)],
+    principal: LookupCaller, crm: StoreDep,
+) -> models.Operation:
+    recorded = await crm.get_operation(principal.tenant_id, idempotency_key)
+    if recorded is None:
+        raise errors.NotFound()
+    return models.Operation(
+        idempotency_key=recorded.idempotency_key, method=recorded.method, path=recorded.path,
+        status=recorded.status, created_at=recorded.created_at,
+        expires_at=recorded.expires_at, response=json.loads(recorded.body),
+    )
+
+
+admin = APIRouter(prefix="/admin", dependencies=[Depends(_admin)])
+
+
+@admin.put("/tenants/{tenant_id}/customers/{customer_id}", response_model=models.Customer)
+async def seed_customer(
+    tenant_id: TenantIdPath, customer_id: CustomerIdPath, contact: models.Contact,
+    crm: StoreDep,
+) -> Response:
+    customer = await crm.upsert_customer(tenant_id, customer_id, contact)
+    return Reply.of(200, customer, etag=_etag(customer)).response()
+
+
+@admin.post("/tenants/{tenant_id}/tokens", status_code=201)
+async def issue_token(
+    tenant_id: TenantIdPath, spec: models.TokenCreate, crm: StoreDep
+) -> models.TokenIssued:
+    token = await crm.issue_token(tenant_id, spec.scopes, spec.label)
+    log.info("event=token_issued tenant=%s scopes=%s", tenant_id,
+             ",".join(sorted(s.value for s in spec.scopes)))
+    return models.TokenIssued(token=token, tenant_id=tenant_id, scopes=spec.scopes)
+
+
+@admin.get("/effects")
+async def list_effects(
+    tenant: Annotated[str, Query(pattern=r"^[A-Za-z0-9._:-]{1,64}$")], crm: StoreDep
+) -> dict[str, list[models.Effect]]:
+    return {"effects": await crm.list_effects(tenant)}
+
+
+fault_admin = APIRouter(prefix="/admin/faults", dependencies=[Depends(_admin)])
+
+
+def _faults(request: Request) -> faults.Faults:
+    armed: faults.Faults = request.app.state.faults
+    return armed
+
+
+@fault_admin.post("", status_code=201)
+async def add_fault(rule: faults.Rule, request: Request) -> dict[str, list[faults.Rule]]:
+    _faults(request).add(rule)
+    log.info("event=fault_armed action=%s", rule.action.value)
+    return {"rules": _faults(request).armed()}
+
+
+@fault_admin.get("")
+async def list_faults(request: Request) -> dict[str, list[faults.Rule]]:
+    return {"rules": _faults(request).armed()}
+
+
+@fault_admin.delete("", status_code=204)
+async def clear_faults(request: Request) -> Response:
+    _faults(request).clear()
+    return Response(status_code=204)

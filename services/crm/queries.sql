@@ -1,0 +1,99 @@
+-- Queries of the CRM stand-in. Every value is a bound parameter; tenant_id comes from the
+-- caller's token, so each tenant-scoped query filters on it.
+
+-- name: lock_schema --
+-- Serialize schema application between processes starting at the same time.
+SELECT pg_advisory_xact_lock(hashtext('agentledger.crm.schema'));
+
+-- name: ping --
+-- Readiness: the database answers a real query.
+SELECT 1;
+
+-- name: find_token --
+-- The tenant and scopes of a presented token, by its SHA-256.
+SELECT tenant_id, scopes FROM crm_api_token WHERE token_sha256 = $1;
+
+-- name: insert_token --
+-- Register a token (only its hash) for a tenant with the given scopes.
+INSERT INTO crm_api_token (token_sha256, tenant_id, scopes, label) VALUES ($1, $2, $3, $4);
+
+-- name: upsert_customer --
+-- Admin seeding: create a customer or overwrite its fields and bump its revision.
+INSERT INTO crm_customer (tenant_id, customer_id, display_name, email, phone,
+                          address_line1, address_line2, city, postal_code, country)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+ON CONFLICT (tenant_id, customer_id) DO UPDATE
+SET display_name = EXCLUDED.display_name, email = EXCLUDED.email, phone = EXCLUDED.phone,
+    address_line1 = EXCLUDED.address_line1, address_line2 = EXCLUDED.address_line2,
+    city = EXCLUDED.city, postal_code = EXCLUDED.postal_code, country = EXCLUDED.country,
+    revision = crm_customer.revision + 1, updated_at = now()
+RETURNING *;
+
+-- name: get_customer --
+-- One customer of one tenant (another tenant's customer is simply not found).
+SELECT * FROM crm_customer WHERE tenant_id = $1 AND customer_id = $2;
+
+-- name: lock_customer --
+-- The customer row, locked so its revision cannot change before this transaction ends.
+SELECT * FROM crm_customer WHERE tenant_id = $1 AND customer_id = $2 FOR UPDATE;
+
+-- name: update_contact --
+-- Write the merged contact fields and bump the revision (the row is already locked).
+UPDATE crm_customer
+SET display_name = $3, email = $4, phone = $5, address_line1 = $6, address_line2 = $7,
+    city = $8, postal_code = $9, country = $10, revision = revision + 1, updated_at = now()
+WHERE tenant_id = $1 AND customer_id = $2
+RETURNING *;
+
+-- name: insert_note --
+-- A note on a customer; notes do not change the customer's revision.
+INSERT INTO crm_note (note_id, tenant_id, customer_id, body)
+VALUES ($1, $2, $3, $4)
+RETURNING *;
+
+-- name: insert_refund --
+-- A refund: deliberately no key, every call is a new refund.
+INSERT INTO crm_refund (refund_id, tenant_id, customer_id, amount_cents, currency, reason)
+VALUES ($1, $2, $3, $4, $5, $6)
+RETURNING *;
+
+-- name: claim_key --
+-- Bind a key to this request. Blocks while another transaction holds the same key, then
+-- returns no row if that one committed (replay or conflict), or takes over an expired key.
+INSERT INTO crm_idempotency (tenant_id, idempotency_key, request_hash, method, path, expires_at)
+VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6))
+ON CONFLICT (tenant_id, idempotency_key) DO UPDATE
+SET request_hash = EXCLUDED.request_hash, method = EXCLUDED.method, path = EXCLUDED.path,
+    status_code = NULL, response_headers = NULL, response_body = NULL,
+    created_at = now(), expires_at = EXCLUDED.expires_at
+WHERE crm_idempotency.expires_at <= now()
+RETURNING idempotency_key;
+
+-- name: get_key --
+-- The unexpired record of a key within one tenant.
+SELECT idempotency_key, request_hash, method, path, status_code, response_headers,
+       response_body, created_at, expires_at
+FROM crm_idempotency
+WHERE tenant_id = $1 AND idempotency_key = $2 AND expires_at > now();
+
+-- name: record_response --
+-- Store the exact response of the request that claimed the key.
+UPDATE crm_idempotency
+SET status_code = $3, response_headers = $4, response_body = $5
+WHERE tenant_id = $1 AND idempotency_key = $2;
+
+-- name: purge_expired_keys --
+-- Forget keys past their retention window.
+DELETE FROM crm_idempotency WHERE expires_at <= now();
+
+-- name: insert_effect --
+-- Append one applied mutation to the effect log.
+INSERT INTO crm_effect (tenant_id, kind, customer_id, idempotency_key, request_hash)
+VALUES ($1, $2, $3, $4, $5);
+
+-- name: list_effects --
+-- The effect log of one tenant, oldest first.
+SELECT effect_id, tenant_id, kind, customer_id, idempotency_key, request_hash, created_at
+FROM crm_effect
+WHERE tenant_id = $1
+ORDER BY effect_id;

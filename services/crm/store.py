@@ -1,0 +1,286 @@
+"""The CRM's repository: the only module that talks to asyncpg.
+
+Driver failures leave this module as ``errors.StorageError``. A mutation runs inside
+``Store.mutation``: one transaction that claims the idempotency key (if any), applies the
+change, appends the effect and records the response, so none exists without the others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TypeAlias
+
+import asyncpg
+
+from agentledger import sql
+from agentledger.services.crm import errors, models
+
+QUERIES = sql.load(Path(__file__).with_name("queries.sql"))
+SCHEMA = Path(__file__).with_name("schema.sql")
+
+# A CRM call holds a transaction for a few short statements; anything slower is a stuck
+# lock or an overloaded database, better answered 503 than left hanging the caller.
+STATEMENT_TIMEOUT = "5s"
+# A transaction left open (a bug, a killed handler) must not keep key rows locked forever.
+IDLE_IN_TRANSACTION_TIMEOUT = "10s"
+# How long a request waits for a free connection before it gets a 503.
+ACQUIRE_TIMEOUT_SECONDS = 10.0
+
+# What a pool hands out; the same API as a connection.
+_Conn: TypeAlias = "asyncpg.pool.PoolConnectionProxy[asyncpg.Record]"
+
+_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    try:
+        yield
+    except _DRIVER_ERRORS as exc:
+        raise errors.StorageError() from exc
+
+
+def token_digest(token: str) -> bytes:
+    """What the CRM stores and looks up instead of the token itself."""
+    return hashlib.sha256(token.encode()).digest()
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a bearer token speaks for."""
+
+    tenant_id: str
+    scopes: frozenset[models.Scope]
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """The response first given for an idempotency key, kept byte for byte."""
+
+    idempotency_key: str
+    request_hash: bytes
+    method: str
+    path: str
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+    created_at: datetime
+    expires_at: datetime
+
+
+def _recorded(row: asyncpg.Record) -> Recorded:
+    return Recorded(
+        idempotency_key=row["idempotency_key"], request_hash=bytes(row["request_hash"]),
+        method=row["method"], path=row["path"], status=row["status_code"],
+        headers=row["response_headers"], body=bytes(row["response_body"]),
+        created_at=row["created_at"], expires_at=row["expires_at"],
+    )
+
+
+class Mutation:
+    """One open transaction of a mutating request; obtained from ``Store.mutation``."""
+
+    def __init__(self, conn: _Conn, tenant_id: str, key: str | None,
+                 request_hash: bytes) -> None:
+        self._conn = conn
+        self._tenant_id = tenant_id
+        self._key = key
+        self._request_hash = request_hash
+        self.recorded: Recorded | None = None
+        """Set when the key was already used for this request: replay it, change nothing."""
+        self.applied = False
+
+    async def lock_customer(self, customer_id: str) -> models.Customer:
+        """The customer, locked until commit so its revision cannot move underneath."""
+        with _translated():
+            row = await self._conn.fetchrow(QUERIES["lock_customer"], self._tenant_id, customer_id)
+        if row is None:
+            raise errors.NotFound()
+        return models.Customer.model_validate(dict(row))
+
+    async def update_contact(self, customer_id: str, contact: models.Contact) -> models.Customer:
+        with _translated():
+            row = await self._conn.fetchrow(
+                QUERIES["update_contact"], self._tenant_id, customer_id, contact.display_name,
+                contact.email, contact.phone, contact.address_line1, contact.address_line2,
+                contact.city, contact.postal_code, contact.country,
+            )
+        assert row is not None, "update_contact runs after lock_customer found the row"
+        return models.Customer.model_validate(dict(row))
+
+    async def insert_note(self, customer_id: str, body: str) -> models.Note:
+        with _translated():
+            row = await self._conn.fetchrow(
+                QUERIES["insert_note"], uuid.uuid4(), self._tenant_id, customer_id, body
+            )
+        assert row is not None, "INSERT ... RETURNING returns the row"
+        return models.Note.model_validate(dict(row))
+
+    async def insert_refund(self, refund: models.RefundCreate) -> models.Refund:
+        with _translated():
+            row = await self._conn.fetchrow(
+                QUERIES["insert_refund"], uuid.uuid4(), self._tenant_id, refund.customer_id,
+                refund.amount_cents, refund.currency, refund.reason,
+            )
+        assert row is not None, "INSERT ... RETURNING returns the row"
+        return models.Refund.model_validate(dict(row))
+
+    async def record(self, *, kind: str, customer_id: str, status: int,
+                     headers: Mapping[str, str], body: bytes) -> None:
+        """Append the effect and, under a key, the exact response to replay later."""
+        with _translated():
+            await self._conn.execute(
+                QUERIES["insert_effect"], self._tenant_id, kind, customer_id, self._key,
+                self._request_hash,
+            )
+            if self._key is not None:
+                await self._conn.execute(
+                    QUERIES["record_response"], self._tenant_id, self._key, status,
+                    dict(headers), body,
+                )
+        self.applied = True
+
+
+class Store:
+    """The CRM's database, behind a connection pool."""
+
+    def __init__(self, pool: asyncpg.Pool, *, retention_seconds: float) -> None:
+        self._pool = pool
+        self._retention_seconds = retention_seconds
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, dsn: str, *, retention_seconds: float,
+                   max_size: int) -> AsyncIterator[Store]:
+        """Connect, apply ``schema.sql`` (idempotent), and close the pool on exit."""
+        with _translated():
+            pool = await asyncpg.create_pool(
+                dsn, min_size=1, max_size=max_size, init=_init_connection,
+                server_settings={
+                    "statement_timeout": STATEMENT_TIMEOUT,
+                    "idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_TIMEOUT,
+                    "application_name": "agentledger-crm",
+                },
+            )
+        try:
+            store = cls(pool, retention_seconds=retention_seconds)
+            await store._apply_schema()
+            yield store
+        finally:
+            await pool.close()
+
+    async def _apply_schema(self) -> None:
+        with _translated():
+            async with self._pool.acquire(timeout=ACQUIRE_TIMEOUT_SECONDS) as conn:
+                async with conn.transaction():
+                    await conn.execute(QUERIES["lock_schema"])
+                    await conn.execute(SCHEMA.read_text(encoding="utf-8"))
+
+    async def ping(self) -> None:
+        with _translated():
+            await self._pool.fetchval(QUERIES["ping"], timeout=ACQUIRE_TIMEOUT_SECONDS)
+
+    async def authenticate(self, token: str) -> Principal | None:
+        with _translated():
+            row = await self._pool.fetchrow(QUERIES["find_token"], token_digest(token))
+        if row is None:
+            return None
+        return Principal(row["tenant_id"], frozenset(models.Scope(s) for s in row["scopes"]))
+
+    async def issue_token(self, tenant_id: str, scopes: Sequence[models.Scope],
+                          label: str = "") -> str:
+        """A new token for ``tenant_id``; only its hash is stored: this is its one sighting."""
+        token = "crm_" + secrets.token_urlsafe(32)
+        with _translated():
+            await self._pool.execute(
+                QUERIES["insert_token"], token_digest(token), tenant_id,
+                sorted({s.value for s in scopes}), label,
+            )
+        return token
+
+    async def upsert_customer(self, tenant_id: str, customer_id: str,
+                              contact: models.Contact) -> models.Customer:
+        with _translated():
+            row = await self._pool.fetchrow(
+                QUERIES["upsert_customer"], tenant_id, customer_id, contact.display_name,
+                contact.email, contact.phone, contact.address_line1, contact.address_line2,
+                contact.city, contact.postal_code, contact.country,
+            )
+        assert row is not None, "an upsert returns the row"
+        return models.Customer.model_validate(dict(row))
+
+    async def get_customer(self, tenant_id: str, customer_id: str) -> models.Customer:
+        with _translated():
+            row = await self._pool.fetchrow(QUERIES["get_customer"], tenant_id, customer_id)
+        if row is None:
+            raise errors.NotFound()
+        return models.Customer.model_validate(dict(row))
+
+    async def get_operation(self, tenant_id: str, key: str) -> Recorded | None:
+        """The unexpired response recorded for ``key`` in this tenant."""
+        with _translated():
+            row = await self._pool.fetchrow(QUERIES["get_key"], tenant_id, key)
+        return None if row is None else _recorded(row)
+
+    async def list_effects(self, tenant_id: str) -> list[models.Effect]:
+        with _translated():
+            rows = await self._pool.fetch(QUERIES["list_effects"], tenant_id)
+        return [models.Effect.model_validate({**dict(r), "request_hash": r["request_hash"].hex()})
+                for r in rows]
+
+    async def purge_expired_keys(self) -> int:
+        with _translated():
+            status = await self._pool.execute(QUERIES["purge_expired_keys"])
+        return int(status.split()[-1])
+
+    @asynccontextmanager
+    async def mutation(self, *, tenant_id: str, key: str | None, request_hash: bytes,
+                       method: str, path: str) -> AsyncIterator[Mutation]:
+        """A transaction for one mutating request, committed when the block exits cleanly.
+
+        Under a key, the key is claimed first: a concurrent request with the same key waits
+        on the row until this one commits or rolls back. If the key was already used, the
+        yielded ``Mutation.recorded`` holds the original response (same request) or
+        ``errors.KeyReused`` is raised (different request). Raising in the block rolls
+        everything back, including the claim.
+        """
+        with _translated():
+            async with self._pool.acquire(timeout=ACQUIRE_TIMEOUT_SECONDS) as conn:
+                async with conn.transaction():
+                    mutation = Mutation(conn, tenant_id, key, request_hash)
+                    if key is not None:
+                        mutation.recorded = await self._claim(conn, tenant_id, key,
+                                                              request_hash, method, path)
+                    yield mutation
+                    if key is not None and mutation.recorded is None and not mutation.applied:
+                        # A claimed key without its response would replay nothing: refuse.
+                        raise RuntimeError("mutation claimed a key but recorded no response")
+
+    async def _claim(self, conn: _Conn, tenant_id: str, key: str,
+                     request_hash: bytes, method: str, path: str) -> Recorded | None:
+        claimed = await conn.fetchval(QUERIES["claim_key"], tenant_id, key, request_hash,
+                                      method, path, self._retention_seconds)
+        if claimed is not None:
+            return None
+        # now() is fixed for the transaction, so a key not claimable is still unexpired here.
+        row = await conn.fetchrow(QUERIES["get_key"], tenant_id, key)
+        if row is None:
+            raise errors.StorageError("idempotency key vanished during the claim; retry")
+        recorded = _recorded(row)
+        if recorded.request_hash != request_hash:
+            raise errors.KeyReused()
+        return recorded
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads,
+                              schema="pg_catalog")
+
