@@ -71,6 +71,7 @@ CREATE TABLE tenant_data_key (
   tenant_id uuid NOT NULL,
   key_version integer NOT NULL,
   wrapped_key bytea NOT NULL,
+  master_key_id text NOT NULL,  -- which master key wrapped it (rotation re-wraps)
   created_at timestamptz NOT NULL DEFAULT now(),
   PRIMARY KEY (tenant_id, key_version)
 );

@@ -139,3 +139,15 @@ class AccessDenied(StorageError):
 
     code = "access_denied"
     retryable = False
+
+
+class StaleRevision(ValidationFailed):
+    """The target changed since the proposal was made: a new proposal is needed (R2.5)."""
+
+    code = "stale_revision"
+
+
+class ShadowRefused(AgentLedgerError):
+    """A shadow proposal is recorded for comparison and never admitted or dispatched (R9.2)."""
+
+    code = "shadow_refused"

@@ -56,16 +56,18 @@ VALUES ($1::uuid, $2, $3, $1::uuid::text, $4, $5, $6, $7);
 
 -- name: latest_data_key --
 -- The tenant's current wrapped data key.
-SELECT key_version, wrapped_key FROM tenant_data_key
+SELECT key_version, wrapped_key, master_key_id FROM tenant_data_key
 WHERE tenant_id = $1 ORDER BY key_version DESC LIMIT 1;
 
 -- name: data_key --
 -- A given version of the tenant's wrapped data key (to decrypt older payloads).
-SELECT wrapped_key FROM tenant_data_key WHERE tenant_id = $1 AND key_version = $2;
+SELECT key_version, wrapped_key, master_key_id FROM tenant_data_key
+WHERE tenant_id = $1 AND key_version = $2;
 
 -- name: insert_data_key --
 -- First writer wins; a concurrent creator re-reads the winner's key.
-INSERT INTO tenant_data_key (tenant_id, key_version, wrapped_key) VALUES ($1, $2, $3)
+INSERT INTO tenant_data_key (tenant_id, key_version, wrapped_key, master_key_id)
+VALUES ($1, $2, $3, $4)
 ON CONFLICT (tenant_id, key_version) DO NOTHING;
 
 -- name: purge_payloads --

@@ -196,29 +196,41 @@ async def recorded(conn: asyncpg.Connection, tenant_id: UUID, operation_id: UUID
     return Recorded.from_row(row)
 
 
-async def data_key(
-    conn: asyncpg.Connection, tenant_id: UUID, make_wrapped: Callable[[], bytes]
-) -> tuple[int, bytes]:
-    """The tenant's current wrapped data key, creating version 1 on first use.
+@dataclass(frozen=True)
+class StoredKey:
+    """A tenant's wrapped data key as stored."""
 
-    Concurrent first uses are safe: the first insert wins and everyone reads the winner's key.
+    version: int
+    wrapped: bytes
+    master_key_id: str
+
+
+async def data_key(
+    conn: asyncpg.Connection, tenant_id: UUID, make_wrapped: Callable[[], tuple[bytes, str]],
+    *, version: int | None = None,
+) -> StoredKey:
+    """The tenant's wrapped data key: the current one, or ``version`` when given.
+
+    The current key is created as version 1 on first use (``make_wrapped`` returns the wrapped
+    key and the id of the master key that wrapped it). Concurrent first uses are safe: the
+    first insert wins and everyone reads the winner's key.
+
+    Raises:
+        DecryptionFailed: ``version`` was asked for and does not exist for this tenant.
     """
     async with transaction(conn, tenant_id) as tx:
-        row = await tx.fetchrow(Q["latest_data_key"], tenant_id)
-        if row is None:
-            await tx.execute(Q["insert_data_key"], tenant_id, 1, make_wrapped())
+        if version is not None:
+            row = await tx.fetchrow(Q["data_key"], tenant_id, version)
+            if row is None:
+                raise errors.DecryptionFailed("no data key of that version for this tenant")
+        else:
             row = await tx.fetchrow(Q["latest_data_key"], tenant_id)
+            if row is None:
+                wrapped, master_key_id = make_wrapped()
+                await tx.execute(Q["insert_data_key"], tenant_id, 1, wrapped, master_key_id)
+                row = await tx.fetchrow(Q["latest_data_key"], tenant_id)
     assert row is not None
-    return int(row["key_version"]), bytes(row["wrapped_key"])
-
-
-async def data_key_version(conn: asyncpg.Connection, tenant_id: UUID, version: int) -> bytes:
-    """A specific version of the tenant's wrapped data key."""
-    async with transaction(conn, tenant_id) as tx:
-        wrapped = await tx.fetchval(Q["data_key"], tenant_id, version)
-    if wrapped is None:
-        raise errors.DecryptionFailed("no data key of that version for this tenant")
-    return bytes(wrapped)
+    return StoredKey(int(row["key_version"]), bytes(row["wrapped_key"]), row["master_key_id"])
 
 
 async def load_command(

@@ -93,6 +93,7 @@ tenant_data_key = Table(
     Column("tenant_id", UUID(as_uuid=True), primary_key=True),
     Column("key_version", Integer, primary_key=True),
     Column("wrapped_key", LargeBinary, nullable=False),
+    Column("master_key_id", Text, nullable=False),
     _ts("created_at", nullable=False, default_now=True),
 )
 
