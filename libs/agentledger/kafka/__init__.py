@@ -1,0 +1,1 @@
+"""Kafka plumbing shared by the services: topics, producers, and error → broker action."""

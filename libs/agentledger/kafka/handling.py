@@ -1,0 +1,77 @@
+"""Errors → broker actions, in one place (STYLE rule 4).
+
+- a retryable error (``AgentLedgerError.retryable``: the database or a provider is down)
+  is re-raised, so the subscriber's NACK_ON_ERROR policy seeks back and the message is
+  redelivered — nothing is lost, and the partition waits for the dependency to return;
+- anything else (unparseable input, a bug) sends the raw message to the topic's ``*.dlq.v1``
+  with the reason, and the message is acked: a poison message never stalls a partition.
+"""
+
+# No `from __future__ import annotations`: FastStream reads handler annotations at runtime.
+
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pydantic
+from faststream.confluent import KafkaBroker
+from faststream.confluent.annotations import KafkaMessage
+
+from agentledger import errors
+from agentledger.contracts import dlq, topics
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[KafkaMessage], Awaitable[None]]
+
+
+def classify(exc: BaseException) -> errors.AgentLedgerError:
+    """The project error an exception stands for."""
+    if isinstance(exc, errors.AgentLedgerError):
+        return exc
+    if isinstance(exc, pydantic.ValidationError | UnicodeDecodeError | ValueError):
+        return errors.PoisonMessage(_summary(exc))
+    return errors.AgentLedgerError(f"unexpected {type(exc).__name__} while handling")
+
+
+def _summary(exc: BaseException) -> str:
+    if isinstance(exc, pydantic.ValidationError):
+        # Locations and messages only: never echo the input values back.
+        parts = [f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}"
+                 for e in exc.errors(include_input=False, include_url=False)[:10]]
+        return "; ".join(parts)[:1900]
+    return str(exc)[:1900]
+
+
+async def dead_letter(broker: KafkaBroker, msg: KafkaMessage, error: errors.AgentLedgerError) -> None:
+    """Publish the raw message and the reason to the source topic's dead-letter topic."""
+    raw: Any = msg.raw_message
+    record = dlq.DeadLetterV1.from_raw(
+        topic=raw.topic(), partition=raw.partition(), offset=raw.offset(),
+        key=raw.key(), value=raw.value(), error=error, failed_at=datetime.now(UTC),
+    )
+    await broker.publish(
+        record.model_dump_json(by_alias=True).encode(), topic=topics.dlq_topic(raw.topic()),
+        key=raw.key(), headers={"error_code": error.code},
+    )
+    log.warning("event=dead_lettered topic=%s partition=%s offset=%s code=%s",
+                raw.topic(), raw.partition(), raw.offset(), error.code)
+
+
+def guarded(broker: KafkaBroker, handle: Handler) -> Handler:
+    """Wrap a handler so every failure becomes exactly one broker action."""
+
+    async def run(msg: KafkaMessage) -> None:
+        try:
+            await handle(msg)
+        except Exception as exc:
+            error = classify(exc)
+            if error.retryable:
+                log.warning("event=redeliver code=%s error=%s", error.code, error.message[:300])
+                raise
+            if not isinstance(exc, errors.AgentLedgerError | pydantic.ValidationError):
+                log.exception("event=handler_bug")
+            await dead_letter(broker, msg, error)
+
+    return run

@@ -1,0 +1,55 @@
+"""Admission service wiring: broker, database pool, allowlist, resolver, policy."""
+
+from __future__ import annotations
+
+import asyncpg
+from faststream import FastStream
+from faststream.confluent import KafkaBroker
+
+from agentledger import admission, crypto
+from agentledger.contracts import topics
+from agentledger.kafka import topics as kafka_topics
+from agentledger.ledger import keys
+from agentledger.policy import allowlist, decision
+from agentledger.resources.crm import CrmResolver
+from agentledger.services.admission import handlers
+from agentledger.services.admission.settings import AdmissionSettings
+
+
+def create_app(settings: AdmissionSettings | None = None) -> FastStream:
+    cfg = settings or AdmissionSettings()  # type: ignore[call-arg]
+    broker = KafkaBroker(cfg.kafka_bootstrap, acks="all", enable_idempotence=True,
+                         client_id="agentledger-admission")
+    app = FastStream(broker)
+    rules = allowlist.Allowlist.load()
+    resolver = CrmResolver(cfg.crm_url, cfg.crm_read_tokens)
+
+    async def init(conn: asyncpg.Connection) -> None:
+        if cfg.db_role:
+            await conn.execute(f'SET ROLE "{cfg.db_role}"')
+
+    state: dict[str, asyncpg.Pool] = {}
+
+    @app.on_startup
+    async def start() -> None:
+        kafka_topics.ensure(cfg.kafka_bootstrap, {
+            cfg.proposals_topic: cfg.partitions, cfg.admissions_topic: cfg.partitions,
+            topics.dlq_topic(cfg.proposals_topic): 1,
+        })
+        pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=cfg.pool_size,
+                                         init=init)
+        state["pool"] = pool
+        handlers.register(broker, admission.Admitter(
+            pool=pool, allowlist=rules, resolver=resolver,
+            policy=decision.AllowlistPolicy(rules),
+            cipher=keys.PayloadCipher(crypto.MasterKey.from_b64(cfg.master_key.get_secret_value())),
+        ), group_id=cfg.group_id, proposals_topic=cfg.proposals_topic,
+            admissions_topic=cfg.admissions_topic)
+
+    @app.after_shutdown
+    async def stop() -> None:
+        await resolver.aclose()
+        if "pool" in state:
+            await state["pool"].close()
+
+    return app

@@ -1,0 +1,37 @@
+"""Subscribers of the admission service: thin; the rules are in ``agentledger.admission``."""
+
+# No `from __future__ import annotations`: FastStream reads handler annotations at runtime.
+
+from faststream import AckPolicy
+from faststream.confluent import KafkaBroker
+from faststream.confluent.annotations import KafkaMessage
+
+from agentledger import admission
+from agentledger.contracts import common, topics
+from agentledger.contracts.proposals import ProposalV1
+from agentledger.kafka import handling
+
+
+def register(
+    broker: KafkaBroker, admitter: admission.Admitter, *, group_id: str,
+    proposals_topic: str = topics.PROPOSALS, admissions_topic: str = topics.ADMISSIONS,
+) -> None:
+    """Subscribe admission to ``agent.proposals.v1``; answers go to ``agent.admissions.v1``."""
+
+    async def on_proposal(msg: KafkaMessage) -> None:
+        proposal = ProposalV1.model_validate_json(msg.body)  # poison → DLQ via `guarded`
+        headers = {k: v for k, v in (msg.raw_message.headers() or [])}  # type: ignore[union-attr]
+        result = await admitter.admit(proposal, trace=common.TraceContext.from_headers(headers))
+        await broker.publish(
+            result.model_dump_json(by_alias=True).encode(), topic=admissions_topic,
+            key=str(proposal.tenant_id).encode(),
+        )
+
+    broker.subscriber(
+        proposals_topic,
+        group_id=group_id,
+        auto_offset_reset="earliest",
+        # Commit only after the handler (and its publish) succeeded; on a retryable error
+        # seek back and redeliver. Poison messages are dead-lettered and acked by `guarded`.
+        ack_policy=AckPolicy.NACK_ON_ERROR,
+    )(handling.guarded(broker, on_proposal))

@@ -1,0 +1,32 @@
+"""Admission service settings (env prefix ``AGENTLEDGER_ADMISSION_``)."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+
+from agentledger.contracts import topics
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class AdmissionSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AGENTLEDGER_ADMISSION_", extra="ignore")
+
+    database_url: str = Field(validation_alias="AGENTLEDGER_DATABASE_URL")
+    kafka_bootstrap: str = Field(validation_alias="AGENTLEDGER_KAFKA_BOOTSTRAP")
+    # The role admission acts as. Production connects with a login user that is a member of
+    # agentledger_admission; a shared development URL switches to it with SET ROLE.
+    db_role: str | None = "agentledger_admission"
+    master_key: SecretStr = Field(validation_alias="AGENTLEDGER_MASTER_KEY")
+    crm_url: str = "http://127.0.0.1:8090"
+    # tenant id → a read-only CRM token, as JSON; resolution never needs more than read.
+    crm_read_tokens: dict[str, str] = Field(default_factory=dict)
+    group_id: str = "agentledger-admission"
+    # Overridable so isolated environments (tests, staging tenants) can share one cluster.
+    proposals_topic: str = topics.PROPOSALS
+    admissions_topic: str = topics.ADMISSIONS
+    # Proposal partitions bound admission parallelism across instances; 6 covers 2-3 pods.
+    partitions: int = 6
+    # Each proposal holds one connection for one short transaction; 10 keeps headroom
+    # for the resolver latency without crowding Postgres' connection limit.
+    pool_size: int = 10
+    decision_ttl_s: float = 900.0

@@ -1,0 +1,224 @@
+"""The admission service end to end: proposals on Kafka → ledger + outbox → results on Kafka.
+
+Real processes: the CRM (target resolution with a read-only token) and the admission service,
+over the real broker and database. Assertions are on ledger rows and Kafka records.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import psycopg2
+import pytest
+from confluent_kafka import Consumer, Producer
+
+from agentledger.contracts import topics
+from tests.helpers import wait_until
+from tests.integration import processes
+from tests.stack import Stack
+
+ADMIN_TOKEN = "crm-admin-" + uuid.uuid4().hex
+MARKER = "PLAINTEXT-MARKER-" + uuid.uuid4().hex
+
+
+class World:
+    def __init__(self, stack: Stack, database_url: str, proposals: str, admissions: str,
+                 crm_url: str, tenants: dict[str, str]) -> None:
+        self.stack, self.database_url = stack, database_url
+        self.proposals, self.admissions, self.crm_url, self.tenants = proposals, admissions, crm_url, tenants
+        self.producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "enable.idempotence": True, "acks": "all"})
+        self.results: dict[str, dict[str, Any]] = {}
+        self.consumer = Consumer({"bootstrap.servers": stack.kafka_bootstrap, "group.id": f"t-{uuid.uuid4().hex}",
+                                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+        self.consumer.subscribe([admissions])
+
+    def send(self, value: bytes | dict[str, Any], key: str = "k") -> None:
+        raw = value if isinstance(value, bytes) else json.dumps(value).encode()
+        self.producer.produce(self.proposals, key=key.encode(), value=raw,
+                              headers=[("traceparent", b"00-" + b"c" * 32 + b"-" + b"d" * 16 + b"-01")])
+        assert self.producer.flush(15) == 0
+
+    def result_for(self, proposal_id: str, timeout: float = 60) -> dict[str, Any]:
+        def poll() -> bool:
+            msg = self.consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                body = json.loads(msg.value())
+                self.results[str(body.get("proposal_id"))] = body
+            return proposal_id in self.results
+        assert wait_until(poll, timeout=timeout, interval=0), f"no admission result for {proposal_id}"
+        return self.results[proposal_id]
+
+
+@pytest.fixture(scope="module")
+def world(stack: Stack, make_database: Callable[[], str], database_url: str,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    logs = tmp_path_factory.mktemp("logs")
+    crm_port = processes.free_port()
+    crm_url = f"http://127.0.0.1:{crm_port}"
+    crm_env = {"AGENTLEDGER_CRM_DATABASE_URL": make_database(), "AGENTLEDGER_CRM_PORT": str(crm_port),
+               "AGENTLEDGER_CRM_ADMIN_TOKEN": ADMIN_TOKEN}
+    with processes.running("agentledger.services.crm", crm_env, logs / "crm.log",
+                           ready=processes.http_ok(f"{crm_url}/readyz")):
+        tenants: dict[str, str] = {}
+        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        for tenant, customer in ((uuid.uuid4(), "cust-a"), (uuid.uuid4(), "cust-b")):
+            r = httpx.put(f"{crm_url}/admin/tenants/{tenant}/customers/{customer}", headers=admin,
+                          json={"display_name": "Ada"})
+            assert r.status_code in (200, 201), r.text
+            r = httpx.post(f"{crm_url}/admin/tenants/{tenant}/tokens", headers=admin, json={"scopes": ["read"]})
+            assert r.status_code == 201, r.text
+            tenants[str(tenant)] = r.json()["token"]
+        suffix = uuid.uuid4().hex[:8]
+        proposals, admissions = f"agent.proposals.t{suffix}.v1", f"agent.admissions.t{suffix}.v1"
+        group = f"admission-{suffix}"
+        env = {
+            "AGENTLEDGER_DATABASE_URL": database_url, "AGENTLEDGER_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
+            "AGENTLEDGER_MASTER_KEY": base64.b64encode(os.urandom(32)).decode(),
+            "AGENTLEDGER_ADMISSION_CRM_URL": crm_url,
+            "AGENTLEDGER_ADMISSION_CRM_READ_TOKENS": json.dumps(tenants),
+            "AGENTLEDGER_ADMISSION_GROUP_ID": group,
+            "AGENTLEDGER_ADMISSION_PROPOSALS_TOPIC": proposals,
+            "AGENTLEDGER_ADMISSION_ADMISSIONS_TOPIC": admissions,
+            "AGENTLEDGER_ADMISSION_PARTITIONS": "3",
+        }
+        with processes.running("agentledger.services.admission", env, logs / "admission.log",
+                               ready=processes.group_has_members(stack.kafka_bootstrap, group), timeout=90):
+            w = World(stack, database_url, proposals, admissions, crm_url, tenants)
+            yield w
+            w.consumer.close()
+
+
+def proposal(world: World, tenant_index: int = 0, **overrides: Any) -> dict[str, Any]:
+    tenant = list(world.tenants)[tenant_index]
+    body = {
+        "schema": "agentledger.proposal.v1", "proposal_id": str(uuid.uuid4()), "tenant_id": tenant,
+        "principal_id": "user:alice", "operation_id": str(uuid.uuid4()), "action": "crm.note.create",
+        "arguments": {"customer_id": "cust-a" if tenant_index == 0 else "cust-b", "body": f"call back {MARKER}"},
+        "target": "cust-a" if tenant_index == 0 else "cust-b",
+        "planner": {"name": "rules"}, "created_at": datetime.now(UTC).isoformat(),
+    }
+    body.update(overrides)
+    return body
+
+
+async def _rows(url: str, sql: str, *args: Any) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(url)
+    try:
+        return await conn.fetch(sql, *args)
+    finally:
+        await conn.close()
+
+
+async def test_proposal_is_admitted_once_with_encrypted_payload(world: World) -> None:
+    p = proposal(world)
+    world.send(p)
+    result = world.result_for(p["proposal_id"])
+    assert (result["status"], result["state"]) == ("admitted", "pending")
+    assert result["allowlist_version"].startswith("sha256:")
+
+    again = dict(p, proposal_id=str(uuid.uuid4()))  # a retry of the same intent
+    world.send(again)
+    assert world.result_for(again["proposal_id"])["status"] == "replayed"
+
+    rows = await _rows(world.database_url, "SELECT * FROM agent_command WHERE operation_id=$1", uuid.UUID(p["operation_id"]))
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row["action"], row["connector"], row["resource_id"], row["principal_id"]) == (
+        "crm.note.create", "crm", "cust-a", "user:alice")
+    assert MARKER.encode() not in bytes(row["payload_ciphertext"])
+    outbox = await _rows(world.database_url, "SELECT traceparent FROM command_outbox WHERE operation_id=$1",
+                         uuid.UUID(p["operation_id"]))
+    assert [o["traceparent"] for o in outbox] == ["00-" + "c" * 32 + "-" + "d" * 16 + "-01"]
+
+
+async def test_same_key_different_payload_is_a_conflict(world: World) -> None:
+    p = proposal(world)
+    world.send(p)
+    assert world.result_for(p["proposal_id"])["status"] == "admitted"
+    changed = dict(p, proposal_id=str(uuid.uuid4()),
+                   arguments={"customer_id": "cust-a", "body": "something else"})
+    world.send(changed)
+    result = world.result_for(changed["proposal_id"])
+    assert (result["status"], result["reason_code"]) == ("conflict", "idempotency_conflict")
+    rows = await _rows(world.database_url, "SELECT request_hash FROM agent_command WHERE operation_id=$1",
+                       uuid.UUID(p["operation_id"]))
+    assert len(rows) == 1
+
+
+@pytest.mark.parametrize(("case", "expected_code"), [
+    ("unknown_field", "poison_message"),
+    ("unknown_action", "unknown_action"),
+    ("overlong_body", "invalid_arguments"),
+    ("other_tenants_customer", "resource_not_found"),
+    ("target_mismatch", "invalid_arguments"),
+    ("shadow", "shadow_refused"),
+])
+async def test_bad_proposals_are_rejected_and_nothing_is_written(
+    world: World, case: str, expected_code: str
+) -> None:
+    p = proposal(world)
+    if case == "unknown_field":
+        p["tenant_override"] = str(uuid.uuid4())
+    elif case == "unknown_action":
+        p["action"] = "crm.customers.export_all"
+    elif case == "overlong_body":
+        p["arguments"] = {"customer_id": "cust-a", "body": "x" * 4001}
+    elif case == "other_tenants_customer":
+        p["target"] = "cust-b"
+        p["arguments"] = {"customer_id": "cust-b", "body": "hello"}
+    elif case == "target_mismatch":
+        p["arguments"] = {"customer_id": "cust-b", "body": "hello"}
+    elif case == "shadow":
+        p["shadow"] = True
+    world.send(p)
+    if case == "unknown_field":
+        # Unparseable against the closed schema: dead-lettered with the reason, never admitted.
+        consumer = Consumer({"bootstrap.servers": world.stack.kafka_bootstrap, "group.id": f"t-{uuid.uuid4().hex}",
+                             "auto.offset.reset": "earliest"})
+        consumer.subscribe([topics.dlq_topic(world.proposals)])
+        found: list[dict[str, Any]] = []
+
+        def poll() -> bool:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                record = json.loads(msg.value())
+                if p["proposal_id"] in base64.b64decode(record["value_b64"]).decode():
+                    found.append(record)
+            return bool(found)
+        assert wait_until(poll, timeout=60, interval=0), "poison message not dead-lettered"
+        consumer.close()
+        assert found[0]["error_code"] == expected_code and "tenant_override" in found[0]["reason"]
+    else:
+        result = world.result_for(p["proposal_id"])
+        assert (result["status"], result["reason_code"]) == ("rejected", expected_code), result
+        assert result["reason"]
+    count = await _rows(world.database_url, "SELECT count(*) AS n FROM agent_command WHERE operation_id=$1",
+                        uuid.UUID(p["operation_id"]))
+    assert count[0]["n"] == 0
+
+
+async def test_no_plaintext_payload_in_a_database_dump(world: World) -> None:
+    p = proposal(world)
+    world.send(p)
+    assert world.result_for(p["proposal_id"])["status"] == "admitted"
+    conn = psycopg2.connect(world.database_url)
+    try:
+        with conn.cursor() as cur:
+            dump: list[str] = []
+            for table in ("agent_command", "command_outbox", "event_outbox", "tenant_data_key"):
+                cur.execute(f"SELECT row_to_json(t)::text FROM {table} t")
+                dump.extend(r[0] for r in cur.fetchall())
+    finally:
+        conn.close()
+    text = "\n".join(dump)
+    assert p["operation_id"] in text  # the dump has the rows...
+    assert MARKER not in text         # ...but never the payload in clear

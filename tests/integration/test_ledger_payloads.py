@@ -1,0 +1,86 @@
+"""Payloads at rest (R3.6): encrypted per tenant, bound to their row, purged by retention."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+
+import asyncpg
+import pytest
+
+from agentledger import crypto, errors
+from agentledger.ledger import keys, repository
+from tests.integration.ledger_factory import new_command
+
+
+@pytest.fixture
+def cipher() -> keys.PayloadCipher:
+    return keys.PayloadCipher(crypto.MasterKey(os.urandom(32)))
+
+
+async def _admit_encrypted(db: asyncpg.Connection, cipher: keys.PayloadCipher, body: bytes,
+                           tenant: uuid.UUID | None = None) -> repository.NewCommand:
+    cmd = new_command(tenant)
+    blob, version = await cipher.encrypt(db, cmd.tenant_id, cmd.operation_id, body)
+    cmd = dataclasses.replace(cmd, payload_ciphertext=blob, payload_key_version=version)
+    assert (await repository.admit(db, cmd)).status == "admitted"
+    return cmd
+
+
+async def test_round_trip_and_one_key_per_tenant(db: asyncpg.Connection, cipher: keys.PayloadCipher) -> None:
+    a = await _admit_encrypted(db, cipher, b'{"body":"secret one"}')
+    b = await _admit_encrypted(db, cipher, b'{"body":"secret two"}', tenant=a.tenant_id)
+    stored = await repository.load_command(db, a.tenant_id, a.operation_id)
+    assert await cipher.decrypt(db, a.tenant_id, a.operation_id, bytes(stored["payload_ciphertext"]),
+                                stored["payload_key_version"]) == b'{"body":"secret one"}'
+    assert await db.fetchval("SELECT count(*) FROM tenant_data_key WHERE tenant_id=$1", a.tenant_id) == 1
+    # A fresh process (empty cache, same master key) reads it too.
+    fresh = keys.PayloadCipher(cipher._master)  # noqa: SLF001 - same configuration, new process
+    stored_b = await repository.load_command(db, b.tenant_id, b.operation_id)
+    assert await fresh.decrypt(db, b.tenant_id, b.operation_id, bytes(stored_b["payload_ciphertext"]),
+                               1) == b'{"body":"secret two"}'
+
+
+async def test_ciphertext_moved_to_another_row_or_tenant_fails(db: asyncpg.Connection, cipher: keys.PayloadCipher) -> None:
+    a = await _admit_encrypted(db, cipher, b"alpha")
+    b = await _admit_encrypted(db, cipher, b"beta", tenant=a.tenant_id)
+    other_tenant = await _admit_encrypted(db, cipher, b"gamma")
+    with pytest.raises(errors.DecryptionFailed):
+        await cipher.decrypt(db, b.tenant_id, b.operation_id, a.payload_ciphertext, 1)
+    with pytest.raises(errors.DecryptionFailed):
+        await cipher.decrypt(db, other_tenant.tenant_id, other_tenant.operation_id, a.payload_ciphertext, 1)
+    wrong_master = keys.PayloadCipher(crypto.MasterKey(os.urandom(32)))
+    with pytest.raises(errors.DecryptionFailed):
+        await wrong_master.decrypt(db, a.tenant_id, a.operation_id, a.payload_ciphertext, 1)
+
+
+async def test_retention_purges_payloads_but_replay_still_detected(
+    database_url: str, db: asyncpg.Connection, cipher: keys.PayloadCipher
+) -> None:
+    done = await _admit_encrypted(db, cipher, b"old and finished")
+    live = await _admit_encrypted(db, cipher, b"still pending")
+    await db.execute(
+        "UPDATE agent_command SET state='succeeded', provider_receipt='r-1', "
+        "finished_at = now() - interval '2 days' WHERE operation_id=$1", done.operation_id,
+    )
+    maintenance = await asyncpg.connect(database_url)
+    try:
+        await maintenance.execute("SET ROLE agentledger_maintenance")
+        purged = await repository.purge_payloads(maintenance, older_than_s=86_400)
+    finally:
+        await maintenance.close()
+    assert (done.tenant_id, done.operation_id) in purged
+    assert (live.tenant_id, live.operation_id) not in purged
+    row = await db.fetchrow("SELECT payload_ciphertext, payload_purged_at, request_hash, state "
+                            "FROM agent_command WHERE operation_id=$1", done.operation_id)
+    assert row["payload_ciphertext"] is None and row["payload_purged_at"] is not None
+    assert row["request_hash"] == done.request_hash and row["state"] == "succeeded"
+    assert (await db.fetchval("SELECT payload_ciphertext FROM agent_command WHERE operation_id=$1",
+                              live.operation_id)) is not None
+
+    replay = await repository.admit(db, done)
+    assert (replay.status, replay.recorded.state, replay.recorded.provider_receipt,
+            replay.recorded.payload_purged) == ("replayed", "succeeded", "r-1", True)
+    conflict = await repository.admit(db, dataclasses.replace(done, request_hash=os.urandom(32)))
+    assert conflict.status == "conflict"
