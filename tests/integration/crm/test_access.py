@@ -1,0 +1,133 @@
+"""Tenant isolation, token scopes, the admin token, validation, health."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+import asyncpg
+
+from tests.integration.crm.conftest import Crm
+
+NOTE = {"body": "call back on Monday"}
+
+
+async def test_health_and_readiness(crm: Crm) -> None:
+    async with crm.client() as c:
+        assert (await c.get("/healthz")).json() == {"status": "ok"}
+        assert (await c.get("/readyz")).json() == {"status": "ready"}
+
+
+async def test_another_tenants_customer_is_indistinguishable_from_a_missing_one(crm: Crm) -> None:
+    a, b = await crm.new_tenant(), await crm.new_tenant()
+    async with crm.client(a.token) as c:
+        foreign = await c.get(f"/v1/customers/{b.customer_id}")
+        missing = await c.get(f"/v1/customers/c-{uuid.uuid4().hex[:8]}")
+        note = await c.post(f"/v1/customers/{b.customer_id}/notes", json=NOTE,
+                            headers={"idempotency-key": "k-foreign"})
+        contact = await c.patch(f"/v1/customers/{b.customer_id}/contact",
+                                json={"city": "Turin"}, headers={"if-match": '"1"'})
+        refund = await c.post("/v1/refunds", json={
+            "customer_id": b.customer_id, "amount_cents": 1, "currency": "EUR", "reason": "x"})
+
+    assert foreign.status_code == missing.status_code == 404
+    assert foreign.content == missing.content
+    assert [r.status_code for r in (note, contact, refund)] == [404, 404, 404]
+    assert await crm.effects(a.tenant_id) == []
+    assert await crm.effects(b.tenant_id) == []
+
+
+async def test_lookup_and_effects_do_not_cross_tenants(crm: Crm) -> None:
+    a, b = await crm.new_tenant(), await crm.new_tenant()
+    key = f"op-{uuid.uuid4()}"
+    async with crm.client(b.token) as c:
+        assert (await c.post(f"/v1/customers/{b.customer_id}/notes", json=NOTE,
+                             headers={"idempotency-key": key})).status_code == 201
+    async with crm.client(a.token) as c:
+        across = await c.get(f"/v1/operations/{key}")
+
+    assert across.status_code == 404
+    assert await crm.effects(a.tenant_id) == []
+    assert {e["tenant_id"] for e in await crm.effects(b.tenant_id)} == {b.tenant_id}
+
+
+async def test_each_operation_needs_its_scope(crm: Crm) -> None:
+    t = await crm.new_tenant()
+    read_only = await crm.token(t.tenant_id, "read")
+    write_only = await crm.token(t.tenant_id, "write")
+    async with crm.client(read_only) as c:
+        assert (await c.get(f"/v1/customers/{t.customer_id}")).status_code == 200
+        denied = await c.post(f"/v1/customers/{t.customer_id}/notes", json=NOTE)
+        assert (await c.get("/v1/operations/anything")).status_code == 403
+    async with crm.client(write_only) as c:
+        assert (await c.get(f"/v1/customers/{t.customer_id}")).status_code == 403
+        assert (await c.post(f"/v1/customers/{t.customer_id}/notes", json=NOTE)).status_code == 201
+
+    assert denied.status_code == 403
+    assert denied.json()["error"]["code"] == "insufficient_scope"
+    assert len(await crm.effects(t.tenant_id)) == 1
+
+
+async def test_missing_or_unknown_token_is_401(crm: Crm) -> None:
+    t = await crm.new_tenant()
+    for token in (None, "crm_not-a-token"):
+        async with crm.client(token) as c:
+            r = await c.get(f"/v1/customers/{t.customer_id}")
+        assert r.status_code == 401
+        assert r.headers["www-authenticate"] == "Bearer"
+        assert r.json()["error"]["code"] == "unauthenticated"
+
+
+async def test_admin_surface_needs_the_admin_token(crm: Crm) -> None:
+    t = await crm.new_tenant()
+    for token in (None, t.token):
+        async with crm.client(token) as c:
+            assert (await c.get("/admin/effects", params={"tenant": t.tenant_id})).status_code == 401
+            assert (await c.post(f"/admin/tenants/{t.tenant_id}/tokens",
+                                 json={"scopes": ["write"]})).status_code == 401
+
+
+async def test_invalid_requests_get_clear_4xx_errors(crm: Crm) -> None:
+    t = await crm.new_tenant()
+    notes = f"/v1/customers/{t.customer_id}/notes"
+    async with crm.client(t.token) as c:
+        extra = await c.post(notes, json={**NOTE, "author": "model"})
+        too_long = await c.post(notes, json={"body": "x" * 4001})
+        bad_key = await c.post(notes, json=NOTE, headers={"idempotency-key": "has space"})
+        star = await c.post(notes, json=NOTE, headers={"if-match": "*"})
+        empty_patch = await c.patch(f"/v1/customers/{t.customer_id}/contact", json={},
+                                    headers={"if-match": '"1"'})
+        string_amount = await c.post("/v1/refunds", json={
+            "customer_id": t.customer_id, "amount_cents": "10", "currency": "EUR",
+            "reason": "x"})
+
+    for r in (extra, too_long, bad_key, empty_patch, string_amount):
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["code"] == "invalid_request"
+        assert "x" * 100 not in r.text  # the input is not echoed
+    assert star.status_code == 400
+    assert star.json()["error"]["code"] == "invalid_header"
+    assert await crm.effects(t.tenant_id) == []
+
+
+async def test_tokens_are_stored_hashed_and_never_logged(crm: Crm) -> None:
+    t = await crm.new_tenant()
+    async with crm.client(t.token) as c:
+        assert (await c.get(f"/v1/customers/{t.customer_id}")).status_code == 200
+    conn = await asyncpg.connect(crm.database_url)
+    try:
+        stored = await conn.fetch(
+            "SELECT token_sha256 FROM crm_api_token WHERE tenant_id = $1", t.tenant_id
+        )
+    finally:
+        await conn.close()
+
+    assert [bytes(r["token_sha256"]) for r in stored] == [hashlib.sha256(t.token.encode()).digest()]
+    assert t.token not in crm.log_path.read_text()
+
+
+async def test_unknown_route_is_a_json_404(crm: Crm) -> None:
+    async with crm.client() as c:
+        r = await c.get("/v1/nowhere")
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "not_found"
