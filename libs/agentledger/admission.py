@@ -96,7 +96,7 @@ class Admitter:
                 "operation id already bound to a different request; nothing was changed",
             ), decided_at=_now(), **base)
         return AdmissionResultV1(
-            **base, status=result.status, state=result.recorded.state,  # type: ignore[arg-type]
+            **base, status=result.status, state=result.recorded.state,
             outcome=recorded_outcome(result.recorded, proposal), decided_at=_now(),
         )
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 
 import typer
 from rich.console import Console
@@ -24,7 +23,8 @@ def migrate() -> None:
     for m in done:
         console.print(f"applied [bold]{m.path.name}[/bold]")
     versions = asyncio.run(migrations.applied_versions(cfg.database_url))
-    console.print(f"schema at version {versions[-1][0] if versions else 0} ({len(done)} applied now)")
+    current = versions[-1][0] if versions else 0
+    console.print(f"schema at version {current} ({len(done)} applied now)")
 
 
 def _stack(verb: str) -> None:
@@ -56,4 +56,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

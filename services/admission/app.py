@@ -17,7 +17,7 @@ from agentledger.services.admission.settings import AdmissionSettings
 
 
 def create_app(settings: AdmissionSettings | None = None) -> FastStream:
-    cfg = settings or AdmissionSettings()  # type: ignore[call-arg]
+    cfg = settings or AdmissionSettings.model_validate({})
     broker = KafkaBroker(cfg.kafka_bootstrap, acks="all", enable_idempotence=True,
                          client_id="agentledger-admission")
     app = FastStream(broker)

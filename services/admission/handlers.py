@@ -20,8 +20,8 @@ def register(
 
     async def on_proposal(msg: KafkaMessage) -> None:
         proposal = ProposalV1.model_validate_json(msg.body)  # poison → DLQ via `guarded`
-        headers = {k: v for k, v in (msg.raw_message.headers() or [])}  # type: ignore[union-attr]
-        result = await admitter.admit(proposal, trace=common.TraceContext.from_headers(headers))
+        trace = common.TraceContext.from_headers(handling.headers_of(msg))
+        result = await admitter.admit(proposal, trace=trace)
         await broker.publish(
             result.model_dump_json(by_alias=True).encode(), topic=admissions_topic,
             key=str(proposal.tenant_id).encode(),

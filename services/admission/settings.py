@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agentledger.contracts import topics
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class AdmissionSettings(BaseSettings):

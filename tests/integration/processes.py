@@ -31,7 +31,7 @@ class Service:
 
     def start(self) -> None:
         out = self.log.open("ab")
-        self.proc = subprocess.Popen(  # noqa: S603 - our own module
+        self.proc = subprocess.Popen(
             [sys.executable, "-m", self.module], env={**os.environ, **self.env},
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )

@@ -36,7 +36,7 @@ async def test_round_trip_and_one_key_per_tenant(db: asyncpg.Connection, cipher:
                                 stored["payload_key_version"]) == b'{"body":"secret one"}'
     assert await db.fetchval("SELECT count(*) FROM tenant_data_key WHERE tenant_id=$1", a.tenant_id) == 1
     # A fresh process (empty cache, same master key) reads it too.
-    fresh = keys.PayloadCipher(cipher._master)  # noqa: SLF001 - same configuration, new process
+    fresh = keys.PayloadCipher(cipher._master)
     stored_b = await repository.load_command(db, b.tenant_id, b.operation_id)
     assert await fresh.decrypt(db, b.tenant_id, b.operation_id, bytes(stored_b["payload_ciphertext"]),
                                1) == b'{"body":"secret two"}'

@@ -81,7 +81,7 @@ async def test_failed_migration_rolls_back_alone(database_url: str, tmp_path: Pa
     (copy / f"{n + 1:04d}_broken.sql").write_text(
         "CREATE TABLE should_not_survive (id int);\nSELECT * FROM no_such_table;\n"
     )
-    with pytest.raises(errors.MigrationError, match="broken.sql failed"):
+    with pytest.raises(errors.MigrationError, match=r"broken\.sql failed"):
         await migrations.migrate(database_url, copy)
     conn = await asyncpg.connect(database_url)
     try:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import uuid
-
 import shutil
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 

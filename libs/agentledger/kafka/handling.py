@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import confluent_kafka
 import pydantic
 from faststream.confluent import KafkaBroker
 from faststream.confluent.annotations import KafkaMessage
@@ -44,7 +45,9 @@ def _summary(exc: BaseException) -> str:
     return str(exc)[:1900]
 
 
-async def dead_letter(broker: KafkaBroker, msg: KafkaMessage, error: errors.AgentLedgerError) -> None:
+async def dead_letter(
+    broker: KafkaBroker, msg: KafkaMessage, error: errors.AgentLedgerError
+) -> None:
     """Publish the raw message and the reason to the source topic's dead-letter topic."""
     raw: Any = msg.raw_message
     record = dlq.DeadLetterV1.from_raw(
@@ -57,6 +60,16 @@ async def dead_letter(broker: KafkaBroker, msg: KafkaMessage, error: errors.Agen
     )
     log.warning("event=dead_lettered topic=%s partition=%s offset=%s code=%s",
                 raw.topic(), raw.partition(), raw.offset(), error.code)
+
+
+def headers_of(msg: KafkaMessage) -> dict[str, bytes]:
+    """The record's headers as a dict (the last value of a repeated name wins)."""
+    raw = msg.raw_message
+    if not isinstance(raw, confluent_kafka.Message):
+        raise TypeError("batch messages have no single header set")
+    # confluent-kafka's stubs type headers loosely; at runtime they are (str, bytes | None).
+    pairs: list[tuple[str, bytes | None]] = list(raw.headers() or [])  # type: ignore[arg-type]
+    return {name: value for name, value in pairs if isinstance(value, bytes)}
 
 
 def guarded(broker: KafkaBroker, handle: Handler) -> Handler:

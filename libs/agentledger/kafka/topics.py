@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 # One node in development; production sets 3 (deploy/k8s), with min.insync.replicas=2.
 DEFAULT_REPLICATION = 1

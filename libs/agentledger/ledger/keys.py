@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from uuid import UUID
 
-import asyncpg
-
 from agentledger import crypto
 from agentledger.ledger import repository
 
@@ -28,7 +26,7 @@ class PayloadCipher:
         self._keys: OrderedDict[tuple[UUID, int | None], crypto.DataKey] = OrderedDict()
 
     async def _key(
-        self, conn: asyncpg.Connection, tenant_id: UUID, version: int | None
+        self, conn: repository.Conn, tenant_id: UUID, version: int | None
     ) -> crypto.DataKey:
         cached = self._keys.get((tenant_id, version))
         if cached is not None:
@@ -51,7 +49,7 @@ class PayloadCipher:
         return key
 
     async def encrypt(
-        self, conn: asyncpg.Connection, tenant_id: UUID, operation_id: UUID, plaintext: bytes
+        self, conn: repository.Conn, tenant_id: UUID, operation_id: UUID, plaintext: bytes
     ) -> tuple[bytes, int]:
         """Encrypt for one ledger row; returns the ciphertext and the key version used."""
         key = await self._key(conn, tenant_id, None)
@@ -61,7 +59,7 @@ class PayloadCipher:
         return blob, key.version
 
     async def decrypt(
-        self, conn: asyncpg.Connection, tenant_id: UUID, operation_id: UUID,
+        self, conn: repository.Conn, tenant_id: UUID, operation_id: UUID,
         ciphertext: bytes, key_version: int,
     ) -> bytes:
         """Decrypt a row's payload.

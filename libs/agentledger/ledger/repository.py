@@ -19,9 +19,12 @@ from typing import Any, Literal
 from uuid import UUID
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from agentledger import errors, sql
 
+# A plain connection or one borrowed from a pool: every function here takes either.
+Conn = asyncpg.Connection | PoolConnectionProxy
 Q = sql.load(Path(__file__).with_name("queries.sql"))
 
 # Admission and claims are a handful of short statements; anything slower is a stuck lock
@@ -33,8 +36,8 @@ AdmitStatus = Literal["admitted", "replayed", "conflict"]
 
 @asynccontextmanager
 async def transaction(
-    conn: asyncpg.Connection, tenant_id: UUID | None, *, timeout: float = DEFAULT_TX_TIMEOUT_S
-) -> AsyncIterator[asyncpg.Connection]:
+    conn: Conn, tenant_id: UUID | None, *, timeout: float = DEFAULT_TX_TIMEOUT_S
+) -> AsyncIterator[Conn]:
     """A READ COMMITTED transaction bound to one tenant, with a timeout; rolls back on error.
 
     Args:
@@ -103,7 +106,7 @@ class Recorded:
     payload_purged: bool
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Recorded:
+    def from_row(cls, row: Mapping[str, Any] | asyncpg.Record) -> Recorded:
         return cls(**{f: row[f] for f in cls.__dataclass_fields__})
 
 
@@ -116,7 +119,7 @@ class AdmitResult:
 
 
 async def append_event(
-    conn: asyncpg.Connection,
+    conn: Conn,
     *,
     tenant_id: UUID,
     operation_id: UUID | None,
@@ -134,7 +137,7 @@ async def append_event(
 
 
 async def admit(
-    conn: asyncpg.Connection, cmd: NewCommand, *, audit: Mapping[str, Any] | None = None,
+    conn: Conn, cmd: NewCommand, *, audit: Mapping[str, Any] | None = None,
     timeout: float = DEFAULT_TX_TIMEOUT_S,
 ) -> AdmitResult:
     """Admit a command once (SPEC R4.1-R4.3).
@@ -183,7 +186,7 @@ async def admit(
     return AdmitResult(status, recorded)
 
 
-async def recorded(conn: asyncpg.Connection, tenant_id: UUID, operation_id: UUID) -> Recorded:
+async def recorded(conn: Conn, tenant_id: UUID, operation_id: UUID) -> Recorded:
     """The recorded state of one command.
 
     Raises:
@@ -206,7 +209,7 @@ class StoredKey:
 
 
 async def data_key(
-    conn: asyncpg.Connection, tenant_id: UUID, make_wrapped: Callable[[], tuple[bytes, str]],
+    conn: Conn, tenant_id: UUID, make_wrapped: Callable[[], tuple[bytes, str]],
     *, version: int | None = None,
 ) -> StoredKey:
     """The tenant's wrapped data key: the current one, or ``version`` when given.
@@ -234,7 +237,7 @@ async def data_key(
 
 
 async def load_command(
-    conn: asyncpg.Connection, tenant_id: UUID, operation_id: UUID
+    conn: Conn, tenant_id: UUID, operation_id: UUID
 ) -> asyncpg.Record:
     """The command exactly as admission stored it (R1.6).
 
@@ -249,7 +252,7 @@ async def load_command(
 
 
 async def purge_payloads(
-    conn: asyncpg.Connection, *, older_than_s: float, batch: int = 500
+    conn: Conn, *, older_than_s: float, batch: int = 500
 ) -> list[tuple[UUID, UUID]]:
     """Purge payloads of commands terminal for longer than ``older_than_s`` (R3.6).
 

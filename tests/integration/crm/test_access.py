@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
+import os
+import sys
 import uuid
 
 import asyncpg
@@ -131,3 +135,24 @@ async def test_unknown_route_is_a_json_404(crm: Crm) -> None:
         r = await c.get("/v1/nowhere")
     assert r.status_code == 404
     assert r.json()["error"]["code"] == "not_found"
+
+
+async def test_cli_seed_creates_a_customer_and_a_working_token(crm: Crm) -> None:
+    tenant, customer = f"t-{uuid.uuid4().hex[:12]}", f"c-{uuid.uuid4().hex[:8]}"
+    cli = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agentledger.services.crm", "seed", "--tenant", tenant,
+        "--customer", customer, "--name", "Ada Lovelace", "--scopes", "read",
+        env={**os.environ, "AGENTLEDGER_CRM_DATABASE_URL": crm.database_url},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(cli.communicate(), timeout=60)
+    assert cli.returncode == 0, stderr.decode()
+    seeded = json.loads(stdout)
+    async with crm.client(seeded["token"]) as c:
+        record = await c.get(f"/v1/customers/{customer}")
+        write = await c.post(f"/v1/customers/{customer}/notes", json=NOTE)
+
+    assert record.status_code == 200
+    assert record.json()["display_name"] == "Ada Lovelace"
+    assert write.status_code == 403
+    assert seeded["token"] not in stderr.decode()
