@@ -1,5 +1,23 @@
 """HTTP routes of the CRM stand-in: parse, authorize, call ``store``, shape the reply.
 
+Business API, ``Authorization: Bearer <tenant token>``; the token decides the tenant, and
+another tenant's data answers exactly like missing data (404):
+
+- ``GET   /v1/customers/{id}`` (read): the record, ``ETag: "<revision>"``.
+- ``POST  /v1/customers/{id}/notes`` (write): 201. ``Idempotency-Key`` optional, ``If-Match``
+  optional (412 if stale). A note does not change the revision.
+- ``PATCH /v1/customers/{id}/contact`` (write): 200 + new ``ETag``. ``If-Match`` required
+  (428 if missing, 412 if stale), ``Idempotency-Key`` optional. Bumps the revision.
+- ``POST  /v1/refunds`` (write): 201. NOT idempotent: ``Idempotency-Key`` is ignored.
+- ``GET   /v1/operations/{key}`` (lookup): what was recorded under a key; 404 if unknown,
+  expired or another tenant's.
+
+Under an ``Idempotency-Key`` (scoped per tenant, kept ``idempotency_retention_seconds``) the
+same request gets the original response byte for byte plus ``Idempotent-Replayed: true``;
+a different request (route, If-Match or canonical body) gets 422. Errors are
+``{"error": {"code", "message"}}``: 400 bad header, 401 no/unknown token, 403 missing scope,
+404, 412, 422 invalid body or reused key, 428, 503 storage or injected fault.
+
 No ``from __future__ import annotations``: FastAPI reads these signatures at runtime.
 """
 
@@ -20,8 +38,8 @@ from agentledger.services.crm import errors, faults, models, store
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
-# Printable ASCII, no spaces: what Stripe-style providers accept, and safe to log.
-KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
+# URL-safe characters only, so every key can be looked up as one path segment (and logged).
+KEY_PATTERN = r"^[A-Za-z0-9._:~-]{1,255}$"
 _ENTITY_TAG = re.compile(r'(W/)?"([0-9]{1,9})"')
 
 CustomerIdPath = Annotated[str, Path(pattern=r"^[A-Za-z0-9._:-]{1,64}$")]
