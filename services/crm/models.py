@@ -102,6 +102,7 @@ class RefundCreate(BaseModel):
     model_config = CLOSED
 
     customer_id: CustomerId
+    invoice_id: Annotated[str, StringConstraints(min_length=1, max_length=64)]
     # A billion cents bounds a typo, not a business rule.
     amount_cents: Annotated[int, Field(gt=0, le=1_000_000_000)]
     currency: Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")]
@@ -111,6 +112,7 @@ class RefundCreate(BaseModel):
 class Refund(BaseModel):
     refund_id: UUID
     customer_id: CustomerId
+    invoice_id: str
     amount_cents: int
     currency: str
     reason: str

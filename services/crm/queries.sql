@@ -53,8 +53,9 @@ RETURNING *;
 
 -- name: insert_refund --
 -- A refund: deliberately no key, every call is a new refund.
-INSERT INTO crm_refund (refund_id, tenant_id, customer_id, amount_cents, currency, reason)
-VALUES ($1, $2, $3, $4, $5, $6)
+INSERT INTO crm_refund (refund_id, tenant_id, customer_id, invoice_id, amount_cents, currency,
+                        reason)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
 RETURNING *;
 
 -- name: claim_key --

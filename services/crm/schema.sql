@@ -32,6 +32,7 @@ CREATE TABLE IF NOT EXISTS crm_refund (
     refund_id      uuid        PRIMARY KEY,
     tenant_id      text        NOT NULL,
     customer_id    text        NOT NULL,
+    invoice_id     text        NOT NULL,
     amount_cents   bigint      NOT NULL CHECK (amount_cents > 0),
     currency       text        NOT NULL,
     reason         text        NOT NULL,

@@ -128,7 +128,7 @@ class Mutation:
         with _translated():
             row = await self._conn.fetchrow(
                 QUERIES["insert_refund"], uuid.uuid4(), self._tenant_id, refund.customer_id,
-                refund.amount_cents, refund.currency, refund.reason,
+                refund.invoice_id, refund.amount_cents, refund.currency, refund.reason,
             )
         assert row is not None, "INSERT ... RETURNING returns the row"
         return models.Refund.model_validate(dict(row))

@@ -32,7 +32,7 @@ async def test_another_tenants_customer_is_indistinguishable_from_a_missing_one(
         contact = await c.patch(f"/v1/customers/{b.customer_id}/contact",
                                 json={"city": "Turin"}, headers={"if-match": '"1"'})
         refund = await c.post("/v1/refunds", json={
-            "customer_id": b.customer_id, "amount_cents": 1, "currency": "EUR", "reason": "x"})
+            "customer_id": b.customer_id, "invoice_id": "inv-1", "amount_cents": 1, "currency": "EUR", "reason": "x"})
 
     assert foreign.status_code == missing.status_code == 404
     assert foreign.content == missing.content
@@ -102,7 +102,7 @@ async def test_invalid_requests_get_clear_4xx_errors(crm: Crm) -> None:
         empty_patch = await c.patch(f"/v1/customers/{t.customer_id}/contact", json={},
                                     headers={"if-match": '"1"'})
         string_amount = await c.post("/v1/refunds", json={
-            "customer_id": t.customer_id, "amount_cents": "10", "currency": "EUR",
+            "customer_id": t.customer_id, "invoice_id": "inv-1", "amount_cents": "10", "currency": "EUR",
             "reason": "x"})
 
     for r in (extra, too_long, bad_key, empty_patch, string_amount):

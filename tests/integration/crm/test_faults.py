@@ -78,7 +78,7 @@ async def test_drop_after_commit_is_a_transport_error_with_one_effect(
 
 async def test_dropped_refund_was_still_made(crm: Crm, tenant: Tenant) -> None:
     await crm.arm(_rule("drop_after_commit", "/v1/refunds"))
-    refund = {"customer_id": tenant.customer_id, "amount_cents": 500, "currency": "EUR",
+    refund = {"customer_id": tenant.customer_id, "invoice_id": "inv-1", "amount_cents": 500, "currency": "EUR",
               "reason": "late delivery"}
     async with crm.client(tenant.token) as c:
         with pytest.raises(httpx.TransportError):

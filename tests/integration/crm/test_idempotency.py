@@ -165,7 +165,7 @@ async def test_lookup_by_key_returns_the_recorded_response(crm: Crm) -> None:
 async def test_refunds_are_not_idempotent_one_effect_per_call(crm: Crm) -> None:
     t = await crm.new_tenant()
     key = _key()
-    refund = {"customer_id": t.customer_id, "amount_cents": 1250, "currency": "EUR",
+    refund = {"customer_id": t.customer_id, "invoice_id": "inv-1", "amount_cents": 1250, "currency": "EUR",
               "reason": "damaged parcel"}
     async with crm.client(t.token) as c:
         responses = [await c.post("/v1/refunds", json=refund, headers={"idempotency-key": key})
