@@ -1,0 +1,201 @@
+"""The relay's database access: slot, publication, sweep and the WAL-retained probe.
+
+The only relay module that touches the driver (psycopg2: psycopg 3 has no replication
+protocol, and one driver for the relay is simpler than two). Driver errors are translated
+here: connection-level failures become the retryable :class:`ReplicationLost`.
+
+Production connects as a LOGIN user granted ``agentledger_relay`` (REPLICATION, SELECT and
+DELETE on the outboxes); tests may use the superuser.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg2  # type: ignore[import-untyped]
+import psycopg2.errors  # type: ignore[import-untyped]
+import psycopg2.extras  # type: ignore[import-untyped]
+
+from agentledger import sql
+from agentledger.relay import errors, routing
+
+log = logging.getLogger(__name__)
+_QUERIES = sql.load(Path(__file__).with_name("queries.sql"))
+_SWEEP = {
+    routing.COMMAND_TABLE: _QUERIES["sweep_command_outbox"],
+    routing.EVENT_TABLE: _QUERIES["sweep_event_outbox"],
+}
+OUTBOX_TABLES = frozenset(_SWEEP)
+_SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
+
+
+@contextmanager
+def translated(action: str) -> Iterator[None]:
+    """Turn driver errors raised by ``action`` into relay errors."""
+    try:
+        yield
+    except errors.RelayError:
+        raise
+    except psycopg2.Error as exc:
+        raise errors.ReplicationLost(f"{action} failed: {type(exc).__name__}") from exc
+
+
+def connect(dsn: str) -> Any:
+    """A plain autocommit connection for the control queries and the sweep."""
+    with translated("connect"):
+        conn = psycopg2.connect(dsn, connect_timeout=5, application_name="agentledger-relay")
+        conn.autocommit = True
+        return conn
+
+
+def connect_replication(dsn: str) -> Any:
+    """A logical replication connection (walsender protocol)."""
+    with translated("connect for replication"):
+        return psycopg2.connect(
+            dsn,
+            connection_factory=psycopg2.extras.LogicalReplicationConnection,
+            connect_timeout=5,
+            application_name="agentledger-relay",
+        )
+
+
+def _one(conn: Any, name: str, **params: object) -> tuple[Any, ...] | None:
+    with translated(name), conn.cursor() as cur:
+        cur.execute(_QUERIES[name], params)
+        row = cur.fetchone()
+        return tuple(row) if row is not None else None
+
+
+def slot_exists(conn: Any, slot: str) -> bool:
+    """Whether the slot exists in this database.
+
+    Raises:
+        RelayError: the slot exists with another output plugin.
+    """
+    row = _one(conn, "slot_info", slot=slot)
+    if row is not None and row[0] != "pgoutput":
+        raise errors.RelayError("replication slot uses another output plugin", slot=slot,
+                                plugin=row[0])
+    return row is not None
+
+
+def require_slot(slot: str) -> errors.SlotMissing:
+    """The error for a missing slot the relay may not create."""
+    return errors.SlotMissing(
+        f"replication slot {slot!r} does not exist; create it "
+        f"(SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')) or set "
+        "AGENTLEDGER_RELAY_CREATE_SLOT=true",
+        slot=slot,
+    )
+
+
+def create_slot(repl_cursor: Any, slot: str) -> tuple[int, str] | None:
+    """Create the pgoutput slot and export its snapshot; ``None`` if it already exists.
+
+    Returns ``(consistent_point, snapshot_name)``: rows committed before the consistent
+    point are visible in the snapshot and never streamed; later ones are streamed. The
+    snapshot lives until the next command on this replication connection.
+    """
+    if not _SLOT_NAME.match(slot):
+        raise errors.RelayError("unusable slot name", slot=slot)
+    try:
+        with translated("create_replication_slot"):
+            # Replication commands take no bound parameters; the name is validated above.
+            repl_cursor.execute(f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput EXPORT_SNAPSHOT")
+            _name, consistent_point, snapshot, _plugin = repl_cursor.fetchone()
+    except errors.ReplicationLost as exc:
+        # Two relays starting at once: the other one created it.
+        if isinstance(exc.__cause__, psycopg2.errors.DuplicateObject):
+            return None
+        raise
+    log.info("event=relay.slot_created slot=%s consistent_point=%s", slot, consistent_point)
+    return parse_lsn(consistent_point), str(snapshot)
+
+
+def snapshot_rows(conn: Any, snapshot: str) -> list[tuple[str, dict[str, str | None]]]:
+    """The outbox rows committed before the slot existed, as ``(table, row)``, oldest first."""
+    with translated("snapshot_outbox"):
+        conn.autocommit = False
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                cur.execute("SET TRANSACTION SNAPSHOT %(snapshot)s", {"snapshot": snapshot})
+                cur.execute(_QUERIES["snapshot_outbox"])
+                names = [d[0] for d in cur.description]
+                rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+            conn.commit()
+        finally:
+            if not conn.closed:
+                conn.rollback()
+                conn.autocommit = True
+    return [(str(r.pop("source")), {k: _text(v) for k, v in r.items()}) for r in rows]
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def parse_lsn(text: str) -> int:
+    """``'16/B374D848'`` to an integer LSN."""
+    high, _, low = text.partition("/")
+    return (int(high, 16) << 32) | int(low, 16)
+
+
+def check_publication(conn: Any, publication: str) -> None:
+    """Refuse to stream from a publication that misses inserts of an outbox table.
+
+    Raises:
+        PublicationMissing: absent, not publishing inserts, or without both outboxes.
+    """
+    with translated("publication_tables"), conn.cursor() as cur:
+        cur.execute(_QUERIES["publication_tables"], {"publication": publication})
+        rows = cur.fetchall()
+    if not rows:
+        raise errors.PublicationMissing(f"publication {publication!r} does not exist")
+    tables = {name for _, _, name in rows if name}
+    if not rows[0][0] or not OUTBOX_TABLES <= tables:
+        raise errors.PublicationMissing(
+            f"publication {publication!r} must publish inserts of {sorted(OUTBOX_TABLES)}",
+            tables=sorted(tables),
+        )
+
+
+def sweep(conn: Any, rows: Sequence[tuple[str, str]]) -> int:
+    """Delete published outbox rows by event id, in one transaction; returns rows deleted."""
+    by_table: dict[str, list[str]] = {}
+    for table, event_id in rows:
+        if table in _SWEEP:
+            by_table.setdefault(table, []).append(event_id)
+    deleted = 0
+    with translated("sweep"):
+        conn.autocommit = False
+        try:
+            with conn.cursor() as cur:
+                for table, ids in by_table.items():
+                    cur.execute(_SWEEP[table], {"ids": ids})
+                    deleted += cur.rowcount
+            conn.commit()
+        except BaseException:
+            if not conn.closed:
+                conn.rollback()
+            raise
+        finally:
+            if not conn.closed:
+                conn.autocommit = True
+    return deleted
+
+
+def retained_wal_bytes(conn: Any, slot: str) -> int | None:
+    """WAL the slot retains, in bytes; ``None`` when the slot is gone."""
+    row = _one(conn, "retained_wal", slot=slot)
+    return int(row[0]) if row is not None and row[0] is not None else None
+
+
+def drop_slot(conn: Any, slot: str) -> None:
+    """Drop the slot if it exists (it must not be streaming)."""
+    _one(conn, "drop_slot", slot=slot)

@@ -1,0 +1,269 @@
+"""The streaming loop: replication slot → pgoutput → router → Kafka → sweep → confirm.
+
+One session = one replication connection streaming from the slot's confirmed LSN. Any
+failure (database or broker restart, a failed delivery) ends the session; the next one
+starts again from the slot, so what was not confirmed is streamed, and published, again.
+Duplicates are possible and carry the same event id; losses are not: the slot is never
+confirmed past a record without a successful delivery report (see ``checkpoint``).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import select
+import threading
+import time
+from typing import Any, cast
+
+from confluent_kafka.admin import AdminClient
+from opentelemetry.metrics import MeterProvider
+
+from agentledger.relay import (
+    checkpoint,
+    errors,
+    metrics,
+    options,
+    pgoutput,
+    publisher,
+    repository,
+    routing,
+    topics,
+)
+
+log = logging.getLogger(__name__)
+
+
+class _Session:
+    """State of one replication connection; discarded with it."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.checkpoint = checkpoint.Checkpoint()
+        self.relations: dict[int, pgoutput.Relation] = {}
+        self.txn: checkpoint.Transaction | None = None
+        self.records = 0
+
+
+class Relay:
+    """Relays committed outbox rows to Kafka until stopped.
+
+    Args:
+        opts: connections and tunables.
+        meter_provider: OpenTelemetry meter provider (the global one when ``None``).
+    """
+
+    def __init__(self, opts: options.RelayOptions, meter_provider: MeterProvider | None = None):
+        self.opts = opts
+        self.metrics = metrics.RelayMetrics(meter_provider, opts.slot)
+        self.router = routing.Router(opts.topic_namespace)
+        self._publisher = publisher.Publisher(
+            opts.kafka_bootstrap,
+            linger_ms=opts.linger_ms,
+            delivery_timeout_ms=opts.delivery_timeout_ms,
+            relay_metrics=self.metrics,
+        )
+        self._topics = topics.Topics(
+            AdminClient({"bootstrap.servers": opts.kafka_bootstrap}),
+            opts.partitions,
+            opts.replication_factor,
+            opts.topic_timeout,
+        )
+        self._epoch = 0
+        self.sessions_started = 0
+        # Rows committed before the slot was created: kept until published and swept, so a
+        # failed session retries them (see ``_publish_snapshot``).
+        self._snapshot: tuple[int, list[tuple[str, dict[str, str | None]]]] | None = None
+
+    def run(self, stop: threading.Event) -> None:
+        """Stream until ``stop`` is set, reconnecting with exponential backoff.
+
+        Raises:
+            RelayError: a non-retryable condition (slot missing and not to be created,
+                publication missing, undecodable WAL): an operator must act.
+        """
+        delay = self.opts.backoff_initial
+        try:
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    self._run_session(stop)
+                except errors.RelayError as exc:
+                    if not exc.retryable:
+                        log.error("event=relay.fatal code=%s reason=%s", exc.code, exc.message)
+                        raise
+                    log.warning("event=relay.session_failed code=%s reason=%s cause=%r",
+                                exc.code, exc.message, exc.__cause__)
+                if stop.is_set():
+                    break
+                if time.monotonic() - started > 30:
+                    delay = self.opts.backoff_initial  # it was healthy for a while
+                stop.wait(delay)
+                delay = min(delay * 2, self.opts.backoff_max)
+        finally:
+            self._publisher.close(self.opts.shutdown_timeout)
+
+    def _run_session(self, stop: threading.Event) -> None:
+        self._epoch += 1
+        session = _Session(self._epoch)
+        self._publisher.reset_if_fatal()
+        ctrl = repository.connect(self.opts.database_url)
+        repl: Any = None
+        try:
+            exists = repository.slot_exists(ctrl, self.opts.slot)
+            if not exists and not self.opts.create_slot:
+                raise repository.require_slot(self.opts.slot)
+            repository.check_publication(ctrl, self.opts.publication)
+            repl = repository.connect_replication(self.opts.database_url)
+            cur = repl.cursor()
+            if not exists:
+                created = repository.create_slot(cur, self.opts.slot)
+                if created is not None:
+                    lsn, snapshot = created
+                    self._snapshot = (lsn, repository.snapshot_rows(ctrl, snapshot))
+            with repository.translated("start_replication"):
+                cur.start_replication(
+                    slot_name=self.opts.slot,
+                    decode=False,
+                    options={"proto_version": "1", "publication_names": self.opts.publication},
+                    status_interval=self.opts.status_interval,
+                )
+            if self._snapshot is not None:
+                self._publish_snapshot(session, *self._snapshot)
+            self.sessions_started += 1
+            log.info("event=relay.streaming slot=%s epoch=%d", self.opts.slot, session.epoch)
+            self._stream(stop, session, ctrl, repl, cur)
+            self._drain_on_stop(session, ctrl, cur)
+        finally:
+            for conn in (repl, ctrl):
+                if conn is not None and not conn.closed:
+                    conn.close()
+
+    def _stream(self, stop: threading.Event, s: _Session, ctrl: Any, repl: Any, cur: Any) -> None:
+        next_metrics = 0.0
+        while not stop.is_set():
+            acked = self._apply_reports(s)
+            self._confirm(s, ctrl, cur)
+            if time.monotonic() >= next_metrics:
+                self.metrics.retained_wal_bytes = repository.retained_wal_bytes(
+                    ctrl, self.opts.slot
+                )
+                next_metrics = time.monotonic() + self.opts.metrics_interval
+            read = 0
+            while read < self.opts.read_batch and (
+                s.checkpoint.in_flight_records < self.opts.max_in_flight
+            ):
+                with repository.translated("read_message"):
+                    msg = cur.read_message()
+                if msg is None:
+                    break
+                self._handle(s, pgoutput.decode(bytes(msg.payload)))
+                read += 1
+            if read or acked:
+                continue
+            # Nothing to do: sleep until WAL arrives, a report arrives, or housekeeping.
+            waiting = [self._publisher.wake_fd]
+            if s.checkpoint.in_flight_records < self.opts.max_in_flight:
+                waiting.append(repl)
+            select.select(waiting, [], [], self.opts.idle_wait)
+            self._publisher.drain_wake()
+
+    def _publish_snapshot(
+        self, s: _Session, lsn: int, rows: list[tuple[str, dict[str, str | None]]]
+    ) -> None:
+        """Publish the rows the slot will never stream, as one transaction ahead of the stream.
+
+        Like Debezium's initial snapshot: without it, rows admitted before the relay's first
+        start would wait in the outbox forever. Confirmed (and forgotten) only once every
+        row is acknowledged and swept, like any streamed transaction.
+        """
+        txn = s.checkpoint.begin(final_lsn=lsn, commit_time_us=0)
+        txn.snapshot = True
+        for table, row in rows:
+            self._produce(s, txn, table, row, lag=False)
+        s.checkpoint.commit(lsn)
+        log.info("event=relay.snapshot rows=%d", len(rows))
+
+    def _produce(
+        self,
+        s: _Session,
+        txn: checkpoint.Transaction,
+        table: str,
+        row: dict[str, str | None],
+        *,
+        lag: bool = True,
+    ) -> None:
+        record = self.router.route(table, row)
+        self._topics.ensure(record.topic, record.family)
+        s.checkpoint.add(txn, record.table, record.event_id)
+        commit_time = txn.commit_time_us if lag else None
+        self._publisher.publish(record, commit_time, (s.epoch, txn))
+        s.records += 1
+
+    def _handle(self, s: _Session, msg: pgoutput.Message) -> None:
+        if isinstance(msg, pgoutput.Begin):
+            s.txn = s.checkpoint.begin(msg.final_lsn, msg.commit_time_us)
+        elif isinstance(msg, pgoutput.Insert):
+            relation = s.relations.get(msg.relation_oid)
+            if relation is None or s.txn is None:
+                raise errors.DecodeError("insert before its relation or outside a transaction")
+            if relation.name not in repository.OUTBOX_TABLES:
+                log.warning("event=relay.foreign_table table=%s.%s", relation.namespace,
+                            relation.name)
+                return
+            row = {c.name: v for c, v in zip(relation.columns, msg.values, strict=True)}
+            self._produce(s, s.txn, relation.name, row)
+        elif isinstance(msg, pgoutput.Commit):
+            s.checkpoint.commit(msg.end_lsn)
+            s.txn = None
+        elif isinstance(msg, pgoutput.Relation):
+            s.relations[msg.oid] = msg
+
+    def _apply_reports(self, s: _Session) -> int:
+        applied = 0
+        while True:
+            try:
+                report = self._publisher.reports.get_nowait()
+            except queue.Empty:
+                break
+            epoch, txn = cast(tuple[int, checkpoint.Transaction], report.token)
+            if epoch != s.epoch:
+                continue  # a record of an abandoned session: it will be streamed again
+            s.checkpoint.delivered(txn, report.ok)
+            applied += 1
+            if not report.ok:
+                raise errors.DeliveryFailed("Kafka did not acknowledge a record",
+                                            reason=report.error)
+        return applied
+
+    def _confirm(self, s: _Session, ctrl: Any, cur: Any) -> None:
+        """Sweep the rows of acknowledged transactions, then confirm their end LSN."""
+        txns, rows = s.checkpoint.sweepable(self.opts.sweep_batch)
+        if not txns:
+            return
+        if rows:
+            repository.sweep(ctrl, rows)
+        lsn = s.checkpoint.swept(txns)
+        if any(t.snapshot for t in txns):
+            self._snapshot = None
+        with repository.translated("send_feedback"):
+            cur.send_feedback(flush_lsn=lsn, force=True)
+
+    def _drain_on_stop(self, s: _Session, ctrl: Any, cur: Any) -> None:
+        """Graceful stop: give in-flight records a chance to be confirmed, then confirm."""
+        deadline = time.monotonic() + self.opts.shutdown_timeout
+        while s.checkpoint.in_flight_records and time.monotonic() < deadline:
+            self._publisher.flush(0.1)
+            self._apply_reports(s)
+        self._apply_reports(s)
+        while True:
+            before = s.checkpoint.confirmed_lsn
+            self._confirm(s, ctrl, cur)
+            if s.checkpoint.confirmed_lsn == before:
+                break
+        log.info("event=relay.stopped confirmed_lsn=%s in_flight=%d",
+                 _fmt_lsn(s.checkpoint.confirmed_lsn), s.checkpoint.in_flight_records)
+
+
+def _fmt_lsn(lsn: int) -> str:
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"

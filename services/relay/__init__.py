@@ -1,0 +1,1 @@
+"""The relay service: a thin shell around :mod:`agentledger.relay`."""

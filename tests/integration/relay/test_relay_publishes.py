@@ -1,0 +1,100 @@
+"""Committed outbox rows reach their topics, keyed, ordered per key, with their headers."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import defaultdict
+
+import psycopg2
+from confluent_kafka.admin import AdminClient
+
+from tests.helpers import wait_until
+from tests.integration.relay import support
+
+COMMANDS = 1000
+TENANTS = 20
+PER_TRANSACTION = 10
+
+
+def test_1000_commands_reach_exec_topics_in_commit_order_per_key(
+    relay: support.Relay, kafka_admin: AdminClient
+) -> None:
+    tenants = [uuid.uuid4() for _ in range(TENANTS)]
+    commands: list[support.Command] = []
+    audit_ids: dict[uuid.UUID, list[str]] = defaultdict(list)  # tenant -> ids in commit order
+    conn = psycopg2.connect(relay.database_url)
+    proc = None
+    try:
+        for start in range(0, COMMANDS, PER_TRANSACTION):
+            if start == 5 * PER_TRANSACTION:
+                # The first rows predate the slot: the relay's initial snapshot publishes them.
+                proc = relay.start()
+            with conn, conn.cursor() as cur:  # one transaction per batch
+                for i in range(start, start + PER_TRANSACTION):
+                    tenant = tenants[i % TENANTS]
+                    command = support.new_command(
+                        tenant, support.CONNECTORS[i % 3], tracestate="al=1" if i % 2 else None
+                    )
+                    support.admit(cur, command)
+                    commands.append(command)
+                    # Several events per key (tenant), across commits: per-key order check.
+                    event_id = support.add_event(cur, tenant, "audit", seq=i)
+                    audit_ids[tenant].append(str(event_id))
+                if start % 100 == 0:
+                    support.add_event(cur, tenants[0], "outcome", seq=start)
+    finally:
+        conn.close()
+
+    ns = relay.namespace
+    exec_topics = [f"{ns}exec.{c}.v1" for c in support.CONNECTORS]
+    audit_topic, outcome_topic = f"{ns}audit.events.v1", f"{ns}agent.outcomes.v1"
+    support.wait_for_topics(kafka_admin, [*exec_topics, audit_topic, outcome_topic])
+    records = support.read_topics(
+        relay.bootstrap, [*exec_topics, audit_topic, outcome_topic],
+        lambda got: len(got) >= 2 * COMMANDS + COMMANDS // 100, timeout=90,
+    )
+    assert len(records) == 2 * COMMANDS + COMMANDS // 100, relay.log_text()[-3000:]
+
+    # Exec topics: every command once, on its connector's topic, with its headers.
+    by_key = {c.key: c for c in commands}
+    exec_records = [r for r in records if r.topic in exec_topics]
+    assert sorted(r.key for r in exec_records) == sorted(by_key)
+    for r in exec_records:
+        command = by_key[r.key]
+        assert r.topic == f"{ns}exec.{command.connector}.v1"
+        assert r.header("id") == str(command.event_id)
+        assert r.header("type") == "command.admitted"
+        assert r.header("traceparent") == command.traceparent
+        if command.tracestate:
+            assert r.header("tracestate") == command.tracestate
+        else:
+            assert all(name != "tracestate" for name, _ in r.headers)
+        assert json.loads(r.value) == {
+            "tenant_id": str(command.tenant), "operation_id": str(command.operation),
+            "type": "command.admitted",
+        }
+    assert {r.partition for r in exec_records} == {0, 1, 2, 3}  # the configured 4 partitions
+
+    # Audit topic: each key on exactly one partition, in commit order.
+    audit = [r for r in records if r.topic == audit_topic]
+    partitions: dict[str, set[int]] = defaultdict(set)
+    seen: dict[str, list[str]] = defaultdict(list)
+    for r in sorted(audit, key=lambda r: (r.partition, r.offset)):
+        partitions[r.key].add(r.partition)
+        seen[r.key].append(r.header("id"))
+    assert all(len(p) == 1 for p in partitions.values())
+    assert {uuid.UUID(k): v for k, v in seen.items()} == audit_ids
+    outcomes = [r for r in records if r.topic == outcome_topic]
+    assert [json.loads(r.value)["seq"] for r in outcomes] == list(range(0, COMMANDS, 100))
+
+    # Published rows are swept, then the relay stops cleanly on SIGTERM.
+    assert wait_until(lambda: support.outbox_count(relay.database_url) == 0, timeout=30)
+    assert proc is not None and relay.terminate(proc) == 0
+
+
+def test_relay_refuses_to_start_without_its_slot(relay: support.Relay) -> None:
+    proc = relay.start(AGENTLEDGER_RELAY_CREATE_SLOT="false")
+    assert proc.wait(timeout=30) == 2
+    log = relay.log_text()
+    assert "relay_slot_missing" in log and relay.slot in log
