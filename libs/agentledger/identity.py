@@ -1,0 +1,312 @@
+"""Who is acting for which tenant: session tokens in, a signed identity envelope out (R1.1).
+
+Two JWS formats, both verified with PyJWT and an explicit algorithm allowlist:
+
+- a **session token** from the gateway's identity provider (EdDSA or ES256), verified at
+  ingress: ``exp``, ``aud``, ``iss``, ``sub`` and a UUID ``tenant_id`` are required, ``roles``
+  is optional. Tenant and principal come only from these verified claims.
+- the **identity envelope** ingress signs with its own Ed25519 key (``typ`` =
+  ``ENVELOPE_TYPE``, ``iss`` = ``ENVELOPE_ISSUER``, ``aud`` = ``ENVELOPE_AUDIENCE``, short
+  ``exp``) binding tenant, principal, operation id, request id and roles. It travels in
+  ``ProposalV1.identity``; admission verifies it with ``verify_envelope`` and nothing after
+  ingress (the planner least of all) can change who acts for which tenant.
+
+Every failure raises ``errors.IdentityRejected``; no PyJWT exception escapes this module.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+from agentledger import errors
+
+ALGORITHMS: Final = ("EdDSA", "ES256")
+ENVELOPE_TYPE: Final = "agentledger-identity+jwt"
+ENVELOPE_ISSUER: Final = "agentledger-ingress"
+ENVELOPE_AUDIENCE: Final = "agentledger-admission"
+# Long enough for the planner to retrieve, call a model and publish under normal lag; short
+# enough that a leaked envelope is useless soon. A late request is resubmitted with the same
+# idempotency key: same operation id, fresh envelope.
+ENVELOPE_TTL_S: Final = 300
+# Clock skew tolerated between the identity provider, ingress and admission hosts.
+LEEWAY_S: Final = 30
+# Far above any legitimate token (a few hundred bytes) and below ProposalV1.identity's bound.
+MAX_TOKEN_CHARS: Final = 4096
+MAX_ROLES: Final = 32
+
+# Derives operation ids from idempotency keys; fixed forever, or every retry changes id (R3.1).
+OPERATION_NAMESPACE: Final = uuid.UUID("6f2b8f0e-3c1a-5d4e-9a7b-0c8d2e4f6a1b")
+
+_PRINCIPAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,127}$")
+_ROLE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+
+PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
+PrivateKey = ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
+
+
+@dataclass(frozen=True)
+class KeySet:
+    """Public keys by key id (``kid``), each usable with exactly one algorithm."""
+
+    keys: Mapping[str, PublicKey]
+
+    @classmethod
+    def from_pem(cls, pems: Mapping[str, str | bytes]) -> KeySet:
+        """Load PEM public keys (Ed25519 or P-256), keyed by ``kid``.
+
+        Raises:
+            errors.IdentityRejected: A PEM is not an Ed25519 or P-256 public key.
+        """
+        keys: dict[str, PublicKey] = {}
+        for kid, pem in pems.items():
+            try:
+                key = serialization.load_pem_public_key(pem.encode() if isinstance(pem, str)
+                                                        else pem)
+            except ValueError as exc:
+                raise errors.IdentityRejected(f"key {kid[:64]!r} is not a PEM public key") from exc
+            if not isinstance(key, PublicKey) or _algorithm_of(key) is None:
+                raise errors.IdentityRejected(f"key {kid[:64]!r} is not Ed25519 or P-256")
+            keys[kid] = key
+        return cls(keys)
+
+    def select(self, header: Mapping[str, Any], allowed: Sequence[str]) -> tuple[PublicKey, str]:
+        """The key named by the token header and the one algorithm it may verify.
+
+        A token without ``kid`` is accepted only when the set holds a single key.
+        """
+        kid = header.get("kid")
+        if kid is None and len(self.keys) == 1:
+            key = next(iter(self.keys.values()))
+        elif isinstance(kid, str) and kid in self.keys:
+            key = self.keys[kid]
+        else:
+            raise errors.IdentityRejected("token signed by an unknown key")
+        algorithm = _algorithm_of(key)
+        if algorithm is None or algorithm not in allowed or header.get("alg") != algorithm:
+            # Never let the header pick how a key is used (alg=none, HS256 with a public key).
+            raise errors.IdentityRejected("token algorithm not allowed for its key")
+        return key, algorithm
+
+
+def _algorithm_of(key: PublicKey | PrivateKey) -> str | None:
+    if isinstance(key, ed25519.Ed25519PublicKey | ed25519.Ed25519PrivateKey):
+        return "EdDSA"
+    if isinstance(key.curve, ec.SECP256R1):
+        return "ES256"
+    return None
+
+
+@dataclass(frozen=True)
+class Session:
+    """A verified session: who the gateway acts for."""
+
+    tenant_id: uuid.UUID
+    principal_id: str
+    roles: tuple[str, ...]
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The verified content of an identity envelope."""
+
+    tenant_id: uuid.UUID
+    principal_id: str
+    operation_id: uuid.UUID
+    request_id: uuid.UUID
+    roles: tuple[str, ...]
+    expires_at: datetime
+
+
+def _decode(token: object, keys: KeySet, *, audience: str, issuer: str,
+            allowed: Sequence[str], typ: str | None, now: float | None) -> dict[str, Any]:
+    if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_CHARS:
+        raise errors.IdentityRejected("token missing or too long")
+    try:
+        header = jwt.get_unverified_header(token)
+        if typ is not None and header.get("typ") != typ:
+            raise errors.IdentityRejected("token of the wrong type")
+        key, algorithm = keys.select(header, allowed)
+        claims: dict[str, Any] = jwt.decode(
+            token, key, algorithms=[algorithm], audience=audience, issuer=issuer,
+            # Time claims are checked below against `now`, so tests and replays are exact.
+            options={"require": ["exp", "aud", "iss", "sub"], "verify_exp": False,
+                     "verify_nbf": False, "verify_iat": False},
+        )
+    except errors.IdentityRejected:
+        raise
+    except (jwt.PyJWTError, ValueError, TypeError, KeyError) as exc:
+        raise errors.IdentityRejected(f"token rejected: {type(exc).__name__}") from exc
+    current = time.time() if now is None else now
+    exp, nbf = claims.get("exp"), claims.get("nbf")
+    if isinstance(exp, bool) or not isinstance(exp, int | float) or current >= exp + LEEWAY_S:
+        raise errors.IdentityRejected("token expired")
+    if nbf is not None and (isinstance(nbf, bool) or not isinstance(nbf, int | float)
+                            or current < nbf - LEEWAY_S):
+        raise errors.IdentityRejected("token not valid yet")
+    return claims
+
+
+def _uuid_claim(claims: Mapping[str, Any], name: str) -> uuid.UUID:
+    value = claims.get(name)
+    if not isinstance(value, str):
+        raise errors.IdentityRejected(f"claim {name} missing or not a string")
+    try:
+        return uuid.UUID(value)
+    except ValueError as exc:
+        raise errors.IdentityRejected(f"claim {name} is not a UUID") from exc
+
+
+def _principal(claims: Mapping[str, Any]) -> str:
+    sub = claims.get("sub")
+    if not isinstance(sub, str) or not _PRINCIPAL.match(sub):
+        raise errors.IdentityRejected("claim sub is not a valid principal id")
+    return sub
+
+
+def _roles(claims: Mapping[str, Any]) -> tuple[str, ...]:
+    roles = claims.get("roles", [])
+    if (not isinstance(roles, list) or len(roles) > MAX_ROLES
+            or not all(isinstance(r, str) and _ROLE.match(r) for r in roles)):
+        raise errors.IdentityRejected("claim roles is not a list of role names")
+    return tuple(roles)
+
+
+def _expiry(claims: Mapping[str, Any]) -> datetime:
+    return datetime.fromtimestamp(float(claims["exp"]), UTC)
+
+
+def verify_session(
+    token: object, keys: KeySet, *, audience: str, issuer: str, now: float | None = None,
+) -> Session:
+    """Verify a gateway session token.
+
+    Args:
+        token: The compact JWS (without ``Bearer``).
+        keys: The identity provider's public keys, by ``kid``.
+        audience: The ``aud`` ingress expects.
+        issuer: The ``iss`` ingress trusts.
+        now: Unix time to verify at (default: the clock).
+
+    Raises:
+        errors.IdentityRejected: Forged, expired, wrong audience/issuer, disallowed algorithm,
+            unknown key, or missing/malformed claims.
+    """
+    claims = _decode(token, keys, audience=audience, issuer=issuer, allowed=ALGORITHMS,
+                     typ=None, now=now)
+    return Session(tenant_id=_uuid_claim(claims, "tenant_id"), principal_id=_principal(claims),
+                   roles=_roles(claims), expires_at=_expiry(claims))
+
+
+def verify_envelope(token: object, public_keys: KeySet, *, now: float | None = None) -> Identity:
+    """Verify an identity envelope signed by ingress (what admission calls).
+
+    Args:
+        token: ``ProposalV1.identity`` / ``RequestV1.identity``.
+        public_keys: Ingress' Ed25519 public keys, by ``kid``.
+        now: Unix time to verify at (default: the clock).
+
+    Raises:
+        errors.IdentityRejected: Not signed by an ingress key, tampered, expired, not an
+            envelope (e.g. a session token), or missing claims.
+    """
+    claims = _decode(token, public_keys, audience=ENVELOPE_AUDIENCE, issuer=ENVELOPE_ISSUER,
+                     allowed=("EdDSA",), typ=ENVELOPE_TYPE, now=now)
+    return Identity(
+        tenant_id=_uuid_claim(claims, "tenant_id"), principal_id=_principal(claims),
+        operation_id=_uuid_claim(claims, "operation_id"),
+        request_id=_uuid_claim(claims, "request_id"), roles=_roles(claims),
+        expires_at=_expiry(claims),
+    )
+
+
+def check_bound(found: Identity, *, tenant_id: uuid.UUID, principal_id: str,
+                operation_id: uuid.UUID) -> None:
+    """Refuse a message whose identity fields differ from its verified envelope.
+
+    Raises:
+        errors.IdentityRejected: Tenant, principal or operation id is not the envelope's.
+    """
+    if (found.tenant_id, found.principal_id, found.operation_id) != (
+            tenant_id, principal_id, operation_id):
+        raise errors.IdentityRejected("message identity differs from its signed envelope")
+
+
+class EnvelopeSigner:
+    """Signs identity envelopes with ingress' Ed25519 key."""
+
+    def __init__(self, private_pem: str | bytes, kid: str, *, ttl_s: int = ENVELOPE_TTL_S
+                 ) -> None:
+        """Args:
+            private_pem: Ingress' Ed25519 private key (PKCS#8 PEM, unencrypted).
+            kid: Its key id, as configured on the verifying side.
+            ttl_s: Envelope lifetime in seconds.
+        """
+        key = serialization.load_pem_private_key(
+            private_pem.encode() if isinstance(private_pem, str) else private_pem, password=None)
+        if not isinstance(key, ed25519.Ed25519PrivateKey):
+            raise errors.IdentityRejected("the envelope key must be Ed25519")
+        self._key, self.kid, self.ttl_s = key, kid, ttl_s
+
+    def sign(self, *, tenant_id: uuid.UUID, principal_id: str, operation_id: uuid.UUID,
+             request_id: uuid.UUID, roles: Sequence[str] = (), now: float | None = None) -> str:
+        """The compact JWS binding these fields until ``now + ttl_s``."""
+        issued = int(time.time() if now is None else now)
+        return jwt.encode(
+            {"iss": ENVELOPE_ISSUER, "aud": ENVELOPE_AUDIENCE, "sub": principal_id,
+             "tenant_id": str(tenant_id), "operation_id": str(operation_id),
+             "request_id": str(request_id), "roles": list(roles),
+             "iat": issued, "exp": issued + self.ttl_s, "jti": str(request_id)},
+            self._key, algorithm="EdDSA", headers={"kid": self.kid, "typ": ENVELOPE_TYPE},
+        )
+
+
+def derive_operation_id(tenant_id: uuid.UUID, principal_id: str, idempotency_key: str
+                        ) -> uuid.UUID:
+    """The operation id of an intent: the same (tenant, principal, key) always gives the same."""
+    return uuid.uuid5(OPERATION_NAMESPACE, f"{tenant_id}\x1f{principal_id}\x1f{idempotency_key}")
+
+
+# --- development and test helpers ------------------------------------------------------------
+
+
+def generate_keypair(algorithm: str = "EdDSA") -> tuple[str, str]:
+    """A new (private PEM, public PEM) pair for ``EdDSA`` (Ed25519) or ``ES256`` (P-256)."""
+    private: PrivateKey
+    if algorithm == "EdDSA":
+        private = ed25519.Ed25519PrivateKey.generate()
+    elif algorithm == "ES256":
+        private = ec.generate_private_key(ec.SECP256R1())
+    else:
+        raise ValueError(f"unsupported algorithm {algorithm!r}")
+    private_pem = private.private_bytes(serialization.Encoding.PEM,
+                                        serialization.PrivateFormat.PKCS8,
+                                        serialization.NoEncryption()).decode()
+    public_pem = private.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    return private_pem, public_pem
+
+
+def issue_session(private_pem: str, kid: str, *, tenant_id: uuid.UUID, subject: str,
+                  audience: str, issuer: str, ttl_s: int = 3600, roles: Sequence[str] = (),
+                  now: float | None = None) -> str:
+    """A session token as a development identity provider would issue it (tests, demos)."""
+    key = serialization.load_pem_private_key(private_pem.encode(), password=None)
+    if not isinstance(key, ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey):
+        raise ValueError("session keys are Ed25519 or P-256")
+    issued = int(time.time() if now is None else now)
+    return jwt.encode(
+        {"iss": issuer, "aud": audience, "sub": subject, "tenant_id": str(tenant_id),
+         "roles": list(roles), "iat": issued, "exp": issued + ttl_s},
+        key, algorithm=_algorithm_of(key), headers={"kid": kid},
+    )
