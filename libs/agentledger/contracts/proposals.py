@@ -23,6 +23,37 @@ class PlannerInfo(common.Contract):
     model: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = None
 
 
+# Enough of a note or record for a reviewer to judge it; the hash covers the full content.
+MAX_EXCERPT_CHARS: Final = 1000
+
+
+class EvidenceItem(common.Contract):
+    """What the planner read, as a snapshot the approval console can show (R2.4).
+
+    Attributes:
+        ref: The id the planner and the model cite it by, e.g. ``E1``.
+        source: Where it came from, e.g. ``crm:customers/c-1/notes/<id>``.
+        sha256: Hex SHA-256 of the full content as fetched.
+        fetched_at: When it was read.
+        excerpt: The start of the content, bounded; untrusted data, never instructions.
+        truncated: Whether ``excerpt`` is shorter than the content.
+    """
+
+    ref: Annotated[str, StringConstraints(min_length=1, max_length=16, pattern=r"^E[0-9]+$")]
+    source: EvidenceRef
+    sha256: common.HashHex
+    fetched_at: common.Timestamp
+    excerpt: Annotated[str, StringConstraints(max_length=MAX_EXCERPT_CHARS)]
+    truncated: bool = False
+
+
+class TokenUsage(common.Contract):
+    """Model tokens a plan cost (R7.4); zero for the rules planner."""
+
+    prompt_tokens: Annotated[int, Field(ge=0, le=10_000_000)] = 0
+    completion_tokens: Annotated[int, Field(ge=0, le=10_000_000)] = 0
+
+
 class ProposalV1(common.Contract):
     """A planner's proposal of one action on one target.
 
@@ -35,6 +66,8 @@ class ProposalV1(common.Contract):
         evidence_refs: References to what the planner read; data, never authority.
         shadow: A shadow run (R9.2): admitted for evaluation, never dispatched.
         identity: The signed identity envelope from ingress; verified by admission.
+        evidence: The evidence snapshot the plan was made from (optional).
+        usage: The model tokens the plan cost (optional).
     """
 
     # Not the deprecated BaseModel.schema(); the alias keeps the wire name "schema".
@@ -54,6 +87,8 @@ class ProposalV1(common.Contract):
     shadow: bool = False
     identity: Annotated[str, StringConstraints(min_length=1, max_length=4096)] | None = None
     created_at: common.Timestamp
+    evidence: Annotated[list[EvidenceItem], Field(max_length=32)] = Field(default_factory=list)
+    usage: TokenUsage | None = None
 
     model_config = ConfigDict(
         extra="forbid", strict=True, frozen=True,
