@@ -133,3 +133,66 @@ event_outbox = Table(
     Column("operation_id", UUID(as_uuid=True)),
     *_outbox_columns(),
 )
+
+# --- policy directory and decisions, budgets (migration 0003) ------------------------------
+
+principal = Table(
+    "principal",
+    metadata,
+    Column("tenant_id", UUID(as_uuid=True), primary_key=True),
+    Column("principal_id", Text, primary_key=True),
+    Column("roles", JSONB, nullable=False, server_default=text("'[]'")),
+    _ts("revoked_at"),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("updated_at", nullable=False, default_now=True),
+)
+
+policy_decision = Table(
+    "policy_decision",
+    metadata,
+    Column("decision_id", UUID(as_uuid=True), primary_key=True),
+    Column("tenant_id", UUID(as_uuid=True), nullable=False),
+    Column("principal_id", Text, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("resource_id", Text, nullable=False),
+    Column("effect", Text, nullable=False),
+    Column("policy_version", Text, nullable=False),
+    Column("reasons", JSONB, nullable=False, server_default=text("'[]'")),
+    Column("reason", Text, nullable=False),
+    Column("stage", Text, nullable=False, server_default=text("'admission'")),
+    Column("operation_id", UUID(as_uuid=True)),
+    _ts("decided_at", nullable=False, default_now=True),
+)
+
+budget = Table(
+    "budget",
+    metadata,
+    Column("tenant_id", UUID(as_uuid=True), primary_key=True),
+    Column("workflow_id", Text, primary_key=True),
+    Column("kind", Text, primary_key=True),
+    Column("limit_amount", BigInteger, nullable=False),
+    Column("reserved", BigInteger, nullable=False, server_default=text("0")),
+    Column("used", BigInteger, nullable=False, server_default=text("0")),
+    _ts("deadline"),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("updated_at", nullable=False, default_now=True),
+)
+
+budget_reservation = Table(
+    "budget_reservation",
+    metadata,
+    Column("reservation_id", UUID(as_uuid=True), primary_key=True),
+    Column("tenant_id", UUID(as_uuid=True), nullable=False),
+    Column("workflow_id", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("amount", BigInteger, nullable=False),
+    Column("used_amount", BigInteger),
+    Column("state", Text, nullable=False, server_default=text("'reserved'")),
+    Column("operation_id", UUID(as_uuid=True)),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("settled_at"),
+    ForeignKeyConstraint(
+        ["tenant_id", "workflow_id", "kind"],
+        ["budget.tenant_id", "budget.workflow_id", "budget.kind"],
+    ),
+)
