@@ -1,0 +1,38 @@
+-- Every statement about policy data: the principal directory and the decision records.
+-- Loaded once by repository.py; bound parameters only; the tenant is bound by the caller's
+-- transaction (row-level security).
+
+-- name: lookup_principal --
+-- Roles and revocation of one principal, read at each evaluation so a revocation is seen.
+SELECT tenant_id, principal_id, roles, revoked_at IS NOT NULL AND revoked_at <= now() AS revoked
+FROM principal
+WHERE tenant_id = $1 AND principal_id = $2;
+
+-- name: put_principal --
+-- Create a principal or replace its roles; un-revokes it (a deliberate reinstatement).
+INSERT INTO principal (tenant_id, principal_id, roles)
+VALUES ($1, $2, $3::jsonb)
+ON CONFLICT (tenant_id, principal_id)
+DO UPDATE SET roles = EXCLUDED.roles, revoked_at = NULL, updated_at = now();
+
+-- name: revoke_principal --
+-- Revoke once; revoking again keeps the first revocation time. Returns the rows touched.
+UPDATE principal SET revoked_at = coalesce(revoked_at, now()), updated_at = now()
+WHERE tenant_id = $1 AND principal_id = $2
+RETURNING revoked_at;
+
+-- name: record_decision --
+-- One decision, written in the caller's transaction; recording the same decision id twice
+-- (a retried transaction that did commit) keeps the first record.
+INSERT INTO policy_decision (decision_id, tenant_id, principal_id, action, resource_id, effect,
+                             policy_version, reasons, reason, stage, operation_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, $9, $10, $11)
+ON CONFLICT (decision_id) DO NOTHING;
+
+-- name: decisions_for --
+-- Every decision taken about one operation, oldest first (explain, R8.6).
+SELECT decision_id, tenant_id, principal_id, action, resource_id, effect, policy_version,
+       reasons, reason, stage, operation_id, decided_at
+FROM policy_decision
+WHERE tenant_id = $1 AND operation_id = $2
+ORDER BY decided_at, decision_id;

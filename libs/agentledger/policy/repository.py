@@ -1,0 +1,124 @@
+"""Policy data in Postgres: the principal directory and the decision records (R2.6, R2.9).
+
+The only code that runs the statements of ``queries.sql``. Decisions are written inside the
+caller's transaction, so admission records a decision in the same transaction as the command
+it admits (or refuses); reads open their own tenant-bound transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+from uuid import UUID
+
+from agentledger import sql
+from agentledger.ledger import repository as ledger
+from agentledger.policy import cedar
+from agentledger.policy import decision as decision_mod
+
+Q = sql.load(Path(__file__).with_name("queries.sql"))
+
+Stage = Literal["admission", "approval", "dispatch"]
+
+
+class PostgresPrincipalDirectory:
+    """The principal directory of table ``principal``, read anew at every lookup.
+
+    Args:
+        conn: A connection whose role may read ``principal`` (admission, executor, auditor).
+    """
+
+    def __init__(self, conn: ledger.Conn) -> None:
+        self._conn = conn
+
+    async def lookup(self, tenant_id: UUID, principal_id: str) -> cedar.Principal | None:
+        """The principal as currently recorded, or ``None``.
+
+        Raises:
+            errors.AccessDenied, errors.StorageError: as :func:`ledger.transaction`.
+        """
+        async with ledger.transaction(self._conn, tenant_id) as tx:
+            row = await tx.fetchrow(Q["lookup_principal"], tenant_id, principal_id)
+        if row is None:
+            return None
+        return cedar.Principal(row["tenant_id"], row["principal_id"],
+                               frozenset(json.loads(row["roles"])), bool(row["revoked"]))
+
+
+async def put_principal(
+    conn: ledger.Conn, tenant_id: UUID, principal_id: str, roles: Iterable[str]
+) -> None:
+    """Create or update a principal (an operator's act; needs the owner's rights)."""
+    async with ledger.transaction(conn, tenant_id) as tx:
+        await tx.execute(Q["put_principal"], tenant_id, principal_id,
+                         json.dumps(sorted(set(roles))))
+
+
+async def revoke_principal(conn: ledger.Conn, tenant_id: UUID, principal_id: str) -> bool:
+    """Revoke a principal: every later evaluation denies it, queued work included.
+
+    Returns:
+        Whether the principal exists in this tenant.
+    """
+    async with ledger.transaction(conn, tenant_id) as tx:
+        revoked_at = await tx.fetchval(Q["revoke_principal"], tenant_id, principal_id)
+    return revoked_at is not None
+
+
+@dataclass(frozen=True)
+class RecordedDecision:
+    """A decision as persisted."""
+
+    decision_id: UUID
+    tenant_id: UUID
+    principal_id: str
+    action: str
+    resource_id: str
+    effect: decision_mod.Effect
+    policy_version: str
+    reasons: tuple[str, ...]
+    reason: str
+    stage: Stage
+    operation_id: UUID | None
+    decided_at: datetime
+
+
+async def record_decision(
+    conn: ledger.Conn, decision: decision_mod.Decision, *, tenant_id: UUID, principal_id: str,
+    action: str, resource_id: str, operation_id: UUID | None = None,
+    stage: Stage = "admission",
+) -> None:
+    """Persist a decision inside the caller's transaction (bound to ``tenant_id``).
+
+    Args:
+        conn: A connection inside :func:`ledger.transaction` for ``tenant_id``.
+        decision: Any policy's decision; a :class:`cedar.CedarDecision` also records the
+            ``@id`` of the Cedar policies that determined it.
+        stage: Which question was decided: admission, an approval, or the re-check before
+            dispatch.
+    """
+    reasons = list(decision.reasons) if isinstance(decision, cedar.CedarDecision) else []
+    await conn.execute(
+        Q["record_decision"], decision.decision_id, tenant_id, principal_id, action,
+        resource_id, decision.effect, decision.policy_version, json.dumps(reasons),
+        decision.reason, stage, operation_id,
+    )
+
+
+async def decisions_for(
+    conn: ledger.Conn, tenant_id: UUID, operation_id: UUID
+) -> list[RecordedDecision]:
+    """The decisions about one operation of this tenant, oldest first."""
+    async with ledger.transaction(conn, tenant_id) as tx:
+        rows = await tx.fetch(Q["decisions_for"], tenant_id, operation_id)
+    return [_recorded(r) for r in rows]
+
+
+def _recorded(row: Any) -> RecordedDecision:
+    fields = {f: row[f] for f in RecordedDecision.__dataclass_fields__}
+    fields["reasons"] = tuple(json.loads(row["reasons"]))
+    return RecordedDecision(**fields)
