@@ -151,3 +151,13 @@ class ShadowRefused(AgentLedgerError):
     """A shadow proposal is recorded for comparison and never admitted or dispatched (R9.2)."""
 
     code = "shadow_refused"
+
+
+# --- budgets (R7) --------------------------------------------------------------------------
+
+
+class BudgetExhausted(AgentLedgerError):
+    """The workflow's budget cannot cover this step: nothing new is scheduled (R7.3)."""
+
+    # Not retryable: the model cannot negotiate another attempt; only a new budget helps.
+    code = "budget_exhausted"
