@@ -1,0 +1,266 @@
+"""The gateway client: what an agent gateway embeds to submit work and learn what happened.
+
+Submit a request (a goal) or a proposal over HTTP to ingress, or a proposal over Kafka
+(``gateway.proposals.v1``), each with the session token and an idempotency key; then
+``await_outcome(operation_id)`` reads ``agent.admissions.v1`` and ``agent.outcomes.v1``.
+
+Safe to retry: every submission carries an idempotency key (generated once per call when
+the caller gives none, and returned), and ingress derives the operation id from it, so a
+retried submission — by this client after a timeout, or by the caller with the returned
+key — names the same operation (R3.1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final, Literal
+
+import httpx
+import jwt
+import pydantic
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+from agentledger import errors, identity
+from agentledger.contracts import admission, outcomes, topics
+
+# Transient answers worth repeating with the same key; anything else is the caller's to fix.
+RETRY_STATUSES: Final = frozenset({429, 502, 503, 504})
+# Ingress answers in milliseconds; ten seconds covers a slow Kafka acknowledgement.
+HTTP_TIMEOUT_S: Final = 10.0
+# Five attempts with exponential backoff from 0.2 s span ~6 s: a broker leader election.
+ATTEMPTS: Final = 5
+BACKOFF_S: Final = 0.2
+# Records can be stamped slightly before the submission returned (clock skew between hosts).
+SEEK_MARGIN: Final = timedelta(seconds=30)
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What ingress accepted: keep ``idempotency_key`` to retry the same intent later."""
+
+    operation_id: uuid.UUID
+    idempotency_key: str
+    tenant_id: uuid.UUID | None = None
+    request_id: uuid.UUID | None = None
+    proposal_id: uuid.UUID | None = None
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What is known about an operation: admission's answer and, once known, the outcome."""
+
+    operation_id: uuid.UUID
+    admission: admission.AdmissionResultV1 | None
+    outcome: outcomes.Outcome | None
+
+    @property
+    def refused(self) -> bool:
+        """Admission rejected the proposal or found a conflicting one; no outcome will come."""
+        return self.admission is not None and self.admission.status in ("rejected", "conflict")
+
+
+def operation_id_for(token: str, idempotency_key: str) -> uuid.UUID:
+    """The operation id ingress will derive for this token and key.
+
+    Reads the caller's OWN token without verifying it: only to predict the id, never to
+    trust it. Ingress verifies the token and derives the same id from its verified claims.
+    """
+    claims = jwt.decode(token, options={"verify_signature": False})
+    return identity.derive_operation_id(uuid.UUID(claims["tenant_id"]), claims["sub"],
+                                        idempotency_key)
+
+
+class GatewayClient:
+    """Submits requests and proposals for one session, and awaits their outcomes."""
+
+    def __init__(
+        self, *, token: str, ingress_url: str | None = None, kafka_bootstrap: str | None = None,
+        gateway_topic: str = topics.GATEWAY_PROPOSALS, admissions_topic: str = topics.ADMISSIONS,
+        outcomes_topic: str = topics.OUTCOMES, http: httpx.AsyncClient | None = None,
+    ) -> None:
+        """Args:
+            token: The session token (without ``Bearer``).
+            ingress_url: Ingress' base URL, for HTTP submissions.
+            kafka_bootstrap: Kafka bootstrap servers, for Kafka submissions and outcomes.
+            gateway_topic: Where Kafka proposals go.
+            admissions_topic: Where admission answers.
+            outcomes_topic: Where outcomes are published.
+            http: An HTTP client to share; one is created otherwise.
+        """
+        self.token = token
+        self._bootstrap = kafka_bootstrap
+        self._gateway_topic = gateway_topic
+        self._answer_topics = (admissions_topic, outcomes_topic)
+        self._http = http or httpx.AsyncClient(base_url=ingress_url or "",
+                                               timeout=HTTP_TIMEOUT_S)
+        self._producer: Producer | None = None
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+        if self._producer is not None:
+            await asyncio.to_thread(self._producer.flush, 10)
+
+    async def submit_request(self, goal: str, resource: str, *,
+                             idempotency_key: str | None = None) -> Submission:
+        """POST a goal to ``/v1/requests``; retried with the same key on transient failures."""
+        return await self._post("/v1/requests", {"goal": goal, "resource": resource},
+                                idempotency_key)
+
+    async def submit_proposal(self, action: str, arguments: Mapping[str, Any], target: str, *,
+                              expected_revision: str | None = None,
+                              idempotency_key: str | None = None) -> Submission:
+        """POST a proposal to ``/v1/proposals``; retried with the same key on transient failures."""
+        return await self._post("/v1/proposals", _proposal_body(
+            action, arguments, target, expected_revision), idempotency_key)
+
+    async def publish_proposal(self, action: str, arguments: Mapping[str, Any], target: str, *,
+                               expected_revision: str | None = None,
+                               idempotency_key: str | None = None,
+                               timeout_s: float = 30.0) -> Submission:
+        """Produce a proposal to ``gateway.proposals.v1`` (idempotent producer, acks=all).
+
+        Raises:
+            errors.StorageError: Kafka did not acknowledge within ``timeout_s``; publish
+                again with the returned key's operation (same ``idempotency_key``).
+        """
+        if self._bootstrap is None:
+            raise errors.ValidationFailed("publish_proposal needs kafka_bootstrap")
+        key = idempotency_key or str(uuid.uuid4())
+        operation_id = operation_id_for(self.token, key)
+        if self._producer is None:
+            self._producer = Producer({"bootstrap.servers": self._bootstrap,
+                                       "enable.idempotence": True, "acks": "all"})
+        producer = self._producer
+        claims = jwt.decode(self.token, options={"verify_signature": False})
+        producer.produce(
+            self._gateway_topic, key=str(claims.get("tenant_id", "")).encode(),
+            value=json.dumps(_proposal_body(action, arguments, target,
+                                            expected_revision)).encode(),
+            headers=[("authorization", f"Bearer {self.token}".encode()),
+                     ("idempotency-key", key.encode())],
+        )
+        if await asyncio.to_thread(producer.flush, timeout_s) != 0:
+            raise errors.StorageError("Kafka did not acknowledge the proposal")
+        return Submission(operation_id=operation_id, idempotency_key=key)
+
+    async def await_outcome(
+        self, operation_id: uuid.UUID, *, timeout_s: float = 60.0,
+        since: datetime | None = None, until: Literal["admission", "outcome"] = "outcome",
+    ) -> Resolution:
+        """Wait until the operation is refused, or has an outcome (or, with
+        ``until="admission"``, until admission answered).
+
+        Args:
+            operation_id: From a ``Submission``.
+            timeout_s: How long to wait.
+            since: When it was submitted; reading starts there (default: topic start).
+            until: ``"outcome"`` (default) or ``"admission"``.
+
+        Raises:
+            TimeoutError: Nothing conclusive within ``timeout_s``.
+        """
+        if self._bootstrap is None:
+            raise errors.ValidationFailed("await_outcome needs kafka_bootstrap")
+        return await asyncio.to_thread(self._await, operation_id, timeout_s, since, until)
+
+    # --- internals ---------------------------------------------------------------------------
+
+    async def _post(self, path: str, body: Mapping[str, Any], key: str | None) -> Submission:
+        key = key or str(uuid.uuid4())
+        headers = {"Authorization": f"Bearer {self.token}", "Idempotency-Key": key}
+        last: str = "no attempt"
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(BACKOFF_S * 2 ** (attempt - 1))  # backoff, not a wait
+            try:
+                response = await self._http.post(path, json=body, headers=headers)
+            except httpx.TransportError as exc:
+                last = type(exc).__name__
+                continue
+            if response.status_code in RETRY_STATUSES:
+                last = f"HTTP {response.status_code}"
+                continue
+            return _accepted(response, key)
+        raise errors.StorageError(f"ingress unavailable after {ATTEMPTS} attempts ({last}); "
+                                  f"retry with idempotency key {key}", idempotency_key=key)
+
+    def _await(self, operation_id: uuid.UUID, timeout_s: float, since: datetime | None,
+               until: str) -> Resolution:
+        consumer = Consumer({"bootstrap.servers": self._bootstrap,
+                             "group.id": f"gateway-client-{uuid.uuid4()}",
+                             "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+        try:
+            consumer.assign(self._start_positions(consumer, since))
+            found_admission: admission.AdmissionResultV1 | None = None
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                msg = consumer.poll(0.5)
+                if msg is None or msg.error() is not None:
+                    continue
+                value = msg.value() or b""
+                try:
+                    if msg.topic() == self._answer_topics[0]:
+                        answer = admission.AdmissionResultV1.model_validate_json(value)
+                        if answer.operation_id != operation_id:
+                            continue
+                        found_admission = answer
+                        settled = Resolution(operation_id, answer, answer.outcome)
+                        if until == "admission" or settled.refused or answer.outcome:
+                            return settled
+                    else:
+                        event = outcomes.OutcomeEventV1.model_validate_json(value)
+                        if event.operation_id == operation_id:
+                            return Resolution(operation_id, found_admission, event.outcome)
+                except pydantic.ValidationError:
+                    continue  # not ours to judge; the producer's DLQ handles poison
+            raise TimeoutError(f"no conclusive answer for operation {operation_id}")
+        finally:
+            consumer.close()
+
+    def _start_positions(self, consumer: Consumer, since: datetime | None
+                         ) -> list[TopicPartition]:
+        metadata = consumer.list_topics(timeout=10)
+        wanted = [TopicPartition(t, p, OFFSET_BEGINNING if since is None
+                                 else int((since - SEEK_MARGIN).timestamp() * 1000))
+                  for t in self._answer_topics if t in metadata.topics
+                  for p in metadata.topics[t].partitions]
+        if since is None:
+            return wanted
+        positions = consumer.offsets_for_times(wanted, timeout=10)
+        # No record after the timestamp yet (-1): start at the end of the partition.
+        return [TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else -1)
+                for tp in positions]
+
+
+def _proposal_body(action: str, arguments: Mapping[str, Any], target: str,
+                   expected_revision: str | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"action": action, "arguments": dict(arguments), "target": target}
+    if expected_revision is not None:
+        body["expected_revision"] = expected_revision
+    return body
+
+
+def _accepted(response: httpx.Response, key: str) -> Submission:
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    if response.status_code != 202:
+        error = body.get("error", {}) if isinstance(body, dict) else {}
+        message = str(error.get("message", f"HTTP {response.status_code}"))[:500]
+        if response.status_code == 401:
+            raise errors.IdentityRejected(message)
+        raise errors.ValidationFailed(f"ingress refused ({response.status_code}): {message}",
+                                      code=error.get("code"))
+    return Submission(
+        operation_id=uuid.UUID(body["operation_id"]), idempotency_key=key,
+        tenant_id=uuid.UUID(body["tenant_id"]),
+        request_id=uuid.UUID(body["request_id"]) if body.get("request_id") else None,
+        proposal_id=uuid.UUID(body["proposal_id"]) if body.get("proposal_id") else None,
+    )

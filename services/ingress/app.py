@@ -1,0 +1,151 @@
+"""Ingress wiring: FastAPI app, the Kafka broker (idempotent producer, acks=all), errors, limits."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from confluent_kafka.admin import AdminClient
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from faststream.confluent import KafkaBroker
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agentledger import errors, identity
+from agentledger.contracts import topics
+from agentledger.kafka import topics as kafka_topics
+from agentledger.services.ingress import handlers, intake
+from agentledger.services.ingress.settings import IngressSettings
+
+log = logging.getLogger(__name__)
+
+# A readiness probe must answer well inside the orchestrator's probe timeout.
+READY_TIMEOUT_S = 2.0
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+
+
+class BodyLimit:
+    """Refuse bodies over ``limit`` bytes (413) before anything parses them."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            await self._too_large(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:  # chunked bodies declare no length
+                    raise HTTPException(413, f"body larger than {self.limit} bytes")
+            return message
+
+        await self.app(scope, limited, send)
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = _error(413, "payload_too_large", f"body larger than {self.limit} bytes")
+        await response(scope, receive, send)
+
+
+async def _agentledger_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, errors.AgentLedgerError)
+    log.info("event=request_rejected code=%s path=%s reason=%s", exc.code, request.url.path,
+             exc.message[:200])
+    if isinstance(exc, errors.IdentityRejected):
+        # The precise reason is logged, not returned: it would help forge the next token.
+        response = _error(401, exc.code, "the session token is missing or invalid")
+        response.headers["www-authenticate"] = "Bearer"
+        return response
+    if exc.retryable:
+        return _error(503, exc.code, exc.message)
+    return _error(400, exc.code, exc.message)
+
+
+async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    # Location and reason only: the offending input is never echoed back or logged.
+    problems = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: "
+                         f"{e.get('msg', 'invalid')}" for e in exc.errors())
+    return _error(422, "invalid_request", problems[:1000])
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
+        exc.status_code, "http_error")
+    return _error(exc.status_code, code, str(exc.detail))
+
+
+def create_app(settings: IngressSettings | None = None) -> FastAPI:
+    """The ingress ASGI app; the broker starts in its lifespan."""
+    cfg = settings or IngressSettings.model_validate({})
+    broker = KafkaBroker(cfg.kafka_bootstrap, acks="all", enable_idempotence=True,
+                         client_id="agentledger-ingress")
+    gate = intake.Intake(
+        broker=broker, session_keys=identity.KeySet.from_pem(cfg.session_keys),
+        session_issuer=cfg.session_issuer, session_audience=cfg.session_audience,
+        signer=identity.EnvelopeSigner(cfg.envelope_key.get_secret_value(), cfg.envelope_kid,
+                                       ttl_s=cfg.envelope_ttl_s),
+        requests_topic=cfg.requests_topic, proposals_topic=cfg.proposals_topic,
+        publish_timeout_s=cfg.publish_timeout_s,
+    )
+    outputs = (cfg.requests_topic, cfg.proposals_topic)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(kafka_topics.ensure, cfg.kafka_bootstrap, {
+            cfg.requests_topic: cfg.partitions, cfg.proposals_topic: cfg.partitions,
+            cfg.gateway_proposals_topic: cfg.partitions,
+            topics.dlq_topic(cfg.gateway_proposals_topic): 1,
+        })
+        handlers.register_gateway_entry(broker, gate, topic=cfg.gateway_proposals_topic,
+                                        group_id=cfg.group_id,
+                                        max_body_bytes=cfg.max_body_bytes)
+        await broker.start()
+        log.info("event=ingress_ready")
+        try:
+            yield
+        finally:
+            await broker.stop()
+
+    app = FastAPI(title="agentledger ingress", version="1", lifespan=lifespan)
+    app.state.intake = gate
+    app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
+    app.add_exception_handler(errors.AgentLedgerError, _agentledger_error)
+    app.add_exception_handler(RequestValidationError, _invalid_request)
+    app.add_exception_handler(HTTPException, _http_error)
+    admin = AdminClient({"bootstrap.servers": cfg.kafka_bootstrap})
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        try:
+            metadata = await asyncio.to_thread(admin.list_topics, timeout=READY_TIMEOUT_S)
+        except Exception:
+            return _error(503, "kafka_unavailable", "Kafka metadata did not answer")
+        missing = [t for t in outputs if t not in metadata.topics]
+        if missing:
+            return _error(503, "topics_missing", f"missing topics: {', '.join(missing)}")
+        return JSONResponse({"status": "ready"})
+
+    app.include_router(handlers.api)
+    return app

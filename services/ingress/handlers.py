@@ -1,0 +1,102 @@
+"""Routes and the Kafka entry of ingress: thin; the work is in ``intake``.
+
+- ``POST /v1/requests``  → ``agent.requests.v1`` (202 with operation and request ids)
+- ``POST /v1/proposals`` → ``agent.proposals.v1`` (202 with operation and proposal ids)
+- ``gateway.proposals.v1`` (``authorization`` header, optional ``idempotency-key``) →
+  ``agent.proposals.v1``; invalid tokens and bodies go to ``gateway.proposals.dlq.v1``.
+
+No ``from __future__ import annotations``: FastAPI and FastStream read these signatures.
+"""
+
+import re
+from typing import Annotated, Any
+
+import confluent_kafka
+from fastapi import APIRouter, Depends, Header, Request
+from faststream import AckPolicy
+from faststream.confluent import KafkaBroker
+from faststream.confluent.annotations import KafkaMessage
+
+from agentledger import errors, identity
+from agentledger.kafka import handling
+from agentledger.services.ingress import intake, models
+
+# What a retry must repeat verbatim; the same characters the CRM accepts for its keys.
+KEY_PATTERN = r"^[A-Za-z0-9._:~-]{1,255}$"
+_KEY = re.compile(KEY_PATTERN)
+
+AuthorizationHeader = Annotated[str | None, Header(max_length=8192)]
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", pattern=KEY_PATTERN)]
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"description": "Missing or invalid session token"},
+    413: {"description": "Body larger than the limit"},
+    503: {"description": "Kafka did not acknowledge; retry with the same key"},
+}
+
+api = APIRouter()
+
+
+def _intake(request: Request) -> intake.Intake:
+    found: intake.Intake = request.app.state.intake
+    return found
+
+
+async def _session(request: Request, authorization: AuthorizationHeader = None
+                   ) -> identity.Session:
+    # A dependency, so the token is checked before the body is even validated.
+    return _intake(request).authenticate(authorization)
+
+
+Session = Annotated[identity.Session, Depends(_session)]
+
+
+def _trace(request: Request) -> dict[str, str]:
+    return {k: v for k, v in request.headers.items() if k in ("traceparent", "tracestate")}
+
+
+@api.post("/v1/requests", status_code=202, responses=ERRORS)
+async def submit_request(
+    session: Session, body: models.RequestBody, request: Request,
+    idempotency_key: IdempotencyKey = None,
+) -> models.Accepted:
+    """Accept a goal for the planner; the same Idempotency-Key always gives the same operation."""
+    return await _intake(request).submit_request(session, body, idempotency_key,
+                                                   _trace(request))
+
+
+@api.post("/v1/proposals", status_code=202, responses=ERRORS)
+async def submit_proposal(
+    session: Session, body: models.ProposalBody, request: Request,
+    idempotency_key: IdempotencyKey = None,
+) -> models.Accepted:
+    """Accept a gateway's own proposal for admission."""
+    return await _intake(request).submit_proposal(session, body, idempotency_key,
+                                                   _trace(request))
+
+
+def register_gateway_entry(broker: KafkaBroker, gate: intake.Intake, *, topic: str,
+                           group_id: str, max_body_bytes: int) -> None:
+    """Subscribe to ``gateway.proposals.v1``: the Kafka twin of ``POST /v1/proposals``."""
+    async def on_gateway_proposal(msg: KafkaMessage) -> None:
+        headers = handling.headers_of(msg)
+        session = gate.authenticate(headers.get("authorization"))  # invalid → DLQ
+        if len(msg.body) > max_body_bytes:
+            raise errors.PoisonMessage(f"body larger than {max_body_bytes} bytes")
+        body = models.ProposalBody.model_validate_json(msg.body)
+        raw_key = headers.get("idempotency-key")
+        key = raw_key.decode("latin-1") if raw_key is not None else None
+        if key is not None and not _KEY.match(key):
+            raise errors.PoisonMessage("idempotency-key header is malformed")
+        raw = msg.raw_message
+        if not isinstance(raw, confluent_kafka.Message):
+            raise TypeError("batch messages are not supported")
+        seed = f"{raw.topic()}:{raw.partition()}:{raw.offset()}"
+        await gate.submit_proposal(session, body, key, headers, record_seed=seed)
+
+    broker.subscriber(
+        topic, group_id=group_id, auto_offset_reset="earliest",
+        # Commit only after the proposal is published; a bad token or body is dead-lettered
+        # and acked by `guarded`, a Kafka outage (retryable) redelivers.
+        ack_policy=AckPolicy.NACK_ON_ERROR,
+    )(handling.guarded(broker, on_gateway_proposal))
