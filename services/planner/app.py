@@ -1,0 +1,56 @@
+"""Planner service wiring: broker, retriever (READ-only CRM token), adapter, allowlist."""
+
+from __future__ import annotations
+
+from faststream import FastStream
+from faststream.confluent import KafkaBroker
+
+from agentledger import errors, identity
+from agentledger.contracts import topics
+from agentledger.kafka import topics as kafka_topics
+from agentledger.planning import adapters, proposer, retrieval
+from agentledger.policy import allowlist
+from agentledger.services.planner import handlers
+from agentledger.services.planner.settings import PlannerSettings
+
+
+def build_adapter(cfg: PlannerSettings, rules: allowlist.Allowlist) -> adapters.Adapter:
+    """The configured adapter (``rules`` unless told otherwise)."""
+    if cfg.adapter == "openai":
+        key = cfg.openai_api_key.get_secret_value() if cfg.openai_api_key else None
+        return adapters.OpenAIAdapter(base_url=cfg.openai_base_url, model=cfg.openai_model,
+                                      api_key=key, rules=rules, timeout_s=cfg.model_timeout_s)
+    if cfg.adapter == "scripted":
+        if cfg.script_path is None:
+            raise errors.ValidationFailed("the scripted adapter needs a script_path")
+        return adapters.ScriptedAdapter.from_jsonl(cfg.script_path, rules)
+    return adapters.RulesAdapter()
+
+
+def create_app(settings: PlannerSettings | None = None) -> FastStream:
+    cfg = settings or PlannerSettings.model_validate({})
+    broker = KafkaBroker(cfg.kafka_bootstrap, acks="all", enable_idempotence=True,
+                         client_id="agentledger-planner")
+    app = FastStream(broker)
+    rules = allowlist.Allowlist.load(cfg.allowlist_path)
+    retriever = retrieval.CrmRetriever(cfg.crm_url, cfg.crm_read_tokens)
+    adapter = build_adapter(cfg, rules)
+    planner = proposer.Proposer(retriever=retriever, adapter=adapter, rules=rules,
+                                envelope_keys=identity.KeySet.from_pem(cfg.envelope_keys))
+
+    @app.on_startup
+    async def start() -> None:
+        kafka_topics.ensure(cfg.kafka_bootstrap, {
+            cfg.requests_topic: cfg.partitions, cfg.proposals_topic: cfg.partitions,
+            topics.dlq_topic(cfg.requests_topic): 1,
+        })
+        handlers.register(broker, planner, group_id=cfg.group_id,
+                          requests_topic=cfg.requests_topic, proposals_topic=cfg.proposals_topic)
+
+    @app.after_shutdown
+    async def stop() -> None:
+        await retriever.aclose()
+        if isinstance(adapter, adapters.OpenAIAdapter):
+            await adapter.aclose()
+
+    return app

@@ -1,0 +1,36 @@
+"""Subscriber of the planner: thin; the work is in ``agentledger.planning.proposer``."""
+
+# No `from __future__ import annotations`: FastStream reads handler annotations at runtime.
+
+from faststream import AckPolicy
+from faststream.confluent import KafkaBroker
+from faststream.confluent.annotations import KafkaMessage
+
+from agentledger.contracts import common
+from agentledger.contracts.requests import RequestV1
+from agentledger.kafka import handling
+from agentledger.planning import adapters, proposer
+
+
+def register(broker: KafkaBroker, planner: proposer.Proposer, *, group_id: str,
+             requests_topic: str, proposals_topic: str) -> None:
+    """Subscribe to ``agent.requests.v1``; proposals go to ``agent.proposals.v1``."""
+
+    async def on_request(msg: KafkaMessage) -> None:
+        request = RequestV1.model_validate_json(msg.body)  # poison → DLQ via `guarded`
+        trace = common.TraceContext.from_headers(handling.headers_of(msg))
+        result = await planner.propose(request)
+        if isinstance(result, adapters.Refusal):
+            return  # logged and traced by the proposer; nothing to admit
+        headers = {k: v.decode() for k, v in trace.to_headers().items()} if trace else None
+        await broker.publish(
+            result.model_dump_json(by_alias=True).encode(), topic=proposals_topic,
+            key=str(result.tenant_id).encode(), headers=headers,
+        )
+
+    broker.subscriber(
+        requests_topic, group_id=group_id, auto_offset_reset="earliest",
+        # Commit only after the proposal is published; retrieval or model outages
+        # (retryable) redeliver, invalid requests and envelopes are dead-lettered.
+        ack_policy=AckPolicy.NACK_ON_ERROR,
+    )(handling.guarded(broker, on_request))
