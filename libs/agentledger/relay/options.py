@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 
 
 def _default_partitions() -> Mapping[str, int]:
-    return MappingProxyType({"exec": 6, "audit": 3, "outcome": 3, "dlq": 1})
+    return {"exec": 6, "audit": 3, "outcome": 3, "dlq": 1}
 
 
 @dataclass(frozen=True)

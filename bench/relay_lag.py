@@ -1,0 +1,156 @@
+"""Relay lag benchmark: commit → Kafka acknowledgement, p50/p99, at a steady admission rate.
+
+    . .local/env && .venv/bin/python -m bench.relay_lag --seconds 20 --rate 200
+
+Creates a scratch database (migrated) on the server of AGENTLEDGER_DATABASE_URL, runs the
+relay in a child process (its own interpreter, as in production), admits one command per
+transaction at a steady rate for N seconds, waits for the outbox to drain, and prints JSON.
+Lag is the relay's own measurement (the ``agentledger.relay.lag`` histogram's input: the
+commit timestamp from the pgoutput Begin message to the delivery report), collected raw so
+percentiles are exact. Everything it creates (database, slot, topics) is removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg2
+from confluent_kafka.admin import AdminClient
+from tests.integration.relay import support
+
+from agentledger import migrations, settings
+from agentledger.relay import options, stream
+
+
+def _relay_child(opts: options.RelayOptions, stop: Any, ready: Any, out: Any) -> None:
+    relay = stream.Relay(opts)
+    samples: list[float] = []
+    measured = relay.metrics.acknowledged
+
+    def acknowledged(family: str, lag_ms: float) -> None:
+        samples.append(lag_ms)
+        measured(family, lag_ms)
+
+    relay.metrics.acknowledged = acknowledged  # type: ignore[method-assign]
+    halt = threading.Event()
+
+    def watch() -> None:
+        stop.wait()
+        halt.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    runner = threading.Thread(target=relay.run, args=(halt,))
+    runner.start()
+    while relay.sessions_started == 0 and runner.is_alive():
+        time.sleep(0.05)
+    ready.set()
+    runner.join()
+    out.send(samples)
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, max(0, round(q * len(sorted_values)) - 1))
+    return sorted_values[index]
+
+
+def _admin(url: str, sql: str) -> None:
+    conn = psycopg2.connect(url)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql)
+    finally:
+        conn.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--rate", type=float, default=200.0, help="commands per second")
+    args = parser.parse_args(argv)
+
+    common = settings.load()
+    name = f"al_bench_relay_{uuid.uuid4().hex[:8]}"
+    _admin(common.database_url, f'CREATE DATABASE "{name}"')
+    url = urlunsplit(urlsplit(common.database_url)._replace(path="/" + name))
+    tag = uuid.uuid4().hex[:8]
+    opts = options.RelayOptions(
+        database_url=url, kafka_bootstrap=common.kafka_bootstrap,
+        slot=f"bench_{tag}", topic_namespace=f"bench{tag}.",
+    )
+    ctx = mp.get_context("spawn")
+    stop, ready = ctx.Event(), ctx.Event()
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_relay_child, args=(opts, stop, ready, send), name="relay")
+    rows = 0
+    try:
+        asyncio.run(migrations.migrate(url, settings.REPO_ROOT / "migrations"))
+        child.start()
+        if not ready.wait(60):
+            raise SystemExit("relay did not start streaming within 60 s")
+        conn = psycopg2.connect(url)
+        tenants = [uuid.uuid4() for _ in range(16)]
+        interval = 1.0 / args.rate
+        start = time.monotonic()
+        next_at = start
+        while time.monotonic() - start < args.seconds:
+            with conn, conn.cursor() as cur:
+                command = support.new_command(tenants[rows % 16], support.CONNECTORS[rows % 3])
+                support.admit(cur, command)
+            rows += 1
+            next_at += interval
+            pause = next_at - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)  # pacing the steady rate, not waiting for a condition
+        elapsed = time.monotonic() - start
+        conn.close()
+        deadline = time.monotonic() + 60
+        while support.outbox_count(url) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        stop.set()
+        samples = sorted(receive.recv() if receive.poll(60) else [])
+        child.join(30)
+    finally:
+        stop.set()
+        if child.is_alive():
+            child.kill()
+        if child.pid is not None:
+            child.join(10)
+        support.drop_slot(url, opts.slot)
+        _admin(common.database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        support.delete_namespace_topics(
+            AdminClient({"bootstrap.servers": common.kafka_bootstrap}), opts.topic_namespace
+        )
+    print(json.dumps({
+        "benchmark": "relay_lag",
+        "rate_target_per_s": args.rate,
+        "rate_achieved_per_s": round(rows / elapsed, 1),
+        "seconds": round(elapsed, 1),
+        "rows": rows,
+        "acknowledged": len(samples),
+        "lag_ms": {
+            "p50": round(_percentile(samples, 0.50), 2),
+            "p99": round(_percentile(samples, 0.99), 2),
+            "max": round(samples[-1], 2) if samples else None,
+            "mean": round(statistics.fmean(samples), 2) if samples else None,
+        },
+        "host_cpus": os.cpu_count(),
+    }))
+    return 0 if len(samples) >= rows else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
