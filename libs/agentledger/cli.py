@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import uuid
+from typing import Annotated
 
+import asyncpg
 import typer
 from rich.console import Console
 
-from agentledger import migrations, settings
+from agentledger import errors, migrations, settings
+from agentledger.ledger import dispatch
 
 app = typer.Typer(no_args_is_help=True, help="agentledger: crash-safe AI-agent side effects.")
 console = Console()
@@ -49,6 +53,69 @@ def down() -> None:
 def status() -> None:
     """Show whether the local Kafka and PostgreSQL answer."""
     _stack("status")
+
+
+reconcile_app = typer.Typer(no_args_is_help=True, help="Resolve commands whose outcome is unknown.")
+app.add_typer(reconcile_app, name="reconcile")
+
+
+async def _as_reconciler() -> asyncpg.Connection:
+    conn = await asyncpg.connect(settings.load().database_url)
+    await conn.execute("SET ROLE agentledger_reconciler")
+    return conn
+
+
+@reconcile_app.command("list")
+def reconcile_list(tenant: Annotated[uuid.UUID, typer.Option(help="Tenant id")]) -> None:
+    """List a tenant's commands whose outcome is unknown."""
+
+    async def run() -> list[dict[str, object]]:
+        conn = await _as_reconciler()
+        try:
+            return await dispatch.unknown_commands(conn, tenant)
+        finally:
+            await conn.close()
+
+    rows = asyncio.run(run())
+    if not rows:
+        console.print("no unknown commands")
+    for r in rows:
+        # One line per command, full ids: operators copy them into `reconcile resolve`.
+        console.print(f"{r['operation_id']}  {r['action']}  connector={r['connector']}  "
+                      f"target={r['resource_id']}  principal={r['principal_id']}  "
+                      f"since={r['updated_at']:%Y-%m-%dT%H:%M:%SZ}  why={r['outcome_reason']}",
+                      soft_wrap=True, highlight=False)
+
+
+@reconcile_app.command("resolve")
+def reconcile_resolve(
+    operation_id: uuid.UUID,
+    tenant: Annotated[uuid.UUID, typer.Option(help="Tenant id")],
+    outcome: Annotated[str, typer.Option(help="succeeded or failed")],
+    reason: Annotated[str, typer.Option(help="Why: what the operator checked")],
+    by: Annotated[str, typer.Option(help="Who resolves it")],
+    receipt: Annotated[str | None, typer.Option(help="Provider receipt (for succeeded)")] = None,
+    evidence: Annotated[str | None, typer.Option(help="Where the evidence is")] = None,
+) -> None:
+    """Resolve an unknown command as succeeded (with the provider's receipt) or failed."""
+    if outcome not in ("succeeded", "failed"):
+        raise typer.BadParameter("outcome is succeeded or failed")
+
+    async def run() -> uuid.UUID:
+        conn = await _as_reconciler()
+        try:
+            return await dispatch.resolve_unknown(
+                conn, tenant, operation_id, outcome=outcome,  # type: ignore[arg-type]
+                resolved_by=by, reason=reason, receipt=receipt, evidence=evidence)
+        finally:
+            await conn.close()
+
+    try:
+        resolution = asyncio.run(run())
+    except errors.AgentLedgerError as exc:
+        console.print(f"[red]{exc.code}[/red]: {exc.message}")
+        raise typer.Exit(2) from exc
+    console.print(f"resolved {operation_id} as {outcome} (resolution {resolution})")
 
 
 def main() -> None:

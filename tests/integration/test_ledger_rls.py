@@ -128,11 +128,15 @@ async def test_executor_changes_state_but_never_payload_or_hash(
         with pytest.raises(errors.AccessDenied):
             async with repository.transaction(conn, admitted.tenant_id) as tx:
                 await tx.execute(f"UPDATE agent_command SET {column} = {value}")
+    # A requeue may renew its own tenant's obligation, never another tenant's.
     with pytest.raises(errors.AccessDenied):
-        async with repository.transaction(conn, admitted.tenant_id) as tx:
+        async with repository.transaction(conn, uuid.uuid4()) as tx:
             await tx.execute("INSERT INTO command_outbox (tenant_id, operation_id, aggregatetype, "
                              "aggregateid, payload) VALUES ($1, $2, 'crm', 'x', '{}')",
-                             admitted.tenant_id, uuid.uuid4())
+                             admitted.tenant_id, admitted.operation_id)
+    with pytest.raises(errors.AccessDenied):
+        async with repository.transaction(conn, admitted.tenant_id) as tx:
+            await tx.execute("INSERT INTO agent_command SELECT * FROM agent_command LIMIT 0")
     # Another tenant's executor transaction updates nothing.
     async with repository.transaction(conn, uuid.uuid4()) as tx:
         assert await tx.execute("UPDATE agent_command SET state = 'unknown'") == "UPDATE 0"

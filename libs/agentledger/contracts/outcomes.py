@@ -4,7 +4,10 @@ The outcome is a union discriminated on ``state`` so a reader must handle every 
 ``unknown`` included: a timeout is not a rollback (R6.1).
 """
 
-from typing import Annotated, Literal
+import json
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+from uuid import UUID
 
 from pydantic import Field, StringConstraints, TypeAdapter
 
@@ -73,3 +76,33 @@ class OutcomeEventV1(common.Contract):
     operation_id: common.OperationId
     outcome: Outcome
     recorded_at: common.Timestamp
+
+
+def event_payload(
+    tenant_id: UUID, operation_id: UUID, state: str, receipt: str | None, reason: str | None
+) -> dict[str, Any] | None:
+    """The ``agent.outcomes.v1`` payload for a recorded ledger state; None for non-outcomes.
+
+    Raises:
+        pydantic.ValidationError: ``succeeded`` without a receipt (never a success without one).
+    """
+    outcome: Outcome
+    why = (reason or state)[:500]
+    if state == "succeeded":
+        outcome = Succeeded(receipt=receipt or "")
+    elif state == "denied":
+        outcome = Denied(reason=why)
+    elif state == "expired":
+        outcome = Expired(reason=why)
+    elif state == "unknown":
+        outcome = Unknown(operation_id=operation_id)
+    elif state == "review_required":
+        outcome = ReviewRequired(reason=why)
+    elif state == "failed":
+        outcome = Failed(reason=why)
+    else:
+        return None
+    event = OutcomeEventV1(tenant_id=tenant_id, operation_id=operation_id, outcome=outcome,
+                           recorded_at=datetime.now(UTC))
+    parsed: dict[str, Any] = json.loads(event.model_dump_json(by_alias=True))
+    return parsed

@@ -98,6 +98,24 @@ tenant_data_key = Table(
 )
 
 
+command_resolution = Table(
+    "command_resolution",
+    metadata,
+    Column("resolution_id", UUID(as_uuid=True), primary_key=True),
+    Column("tenant_id", UUID(as_uuid=True), nullable=False),
+    Column("operation_id", UUID(as_uuid=True), nullable=False),
+    Column("resolved_by", Text, nullable=False),
+    _ts("resolved_at", nullable=False, default_now=True),
+    Column("outcome", Text, nullable=False),
+    Column("receipt", Text),
+    Column("reason", Text, nullable=False),
+    Column("evidence", Text),
+    ForeignKeyConstraint(
+        ["tenant_id", "operation_id"],
+        ["agent_command.tenant_id", "agent_command.operation_id"],
+    ),
+)
+
 def _outbox_columns() -> list[Column[object]]:
     """Debezium Outbox Event Router columns plus the W3C context captured at admission."""
     return [

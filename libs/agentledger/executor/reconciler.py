@@ -1,0 +1,108 @@
+"""Recovery by contract (R5.5, R6.4): expired leases and unknown outcomes.
+
+An expired lease does not prove the worker stopped. The reconciler takes the command over
+(a new claim token and fencing generation: the old holder can no longer finalize) and then
+follows the connector's declared contract:
+
+- ``keyed`` with lookup: ask the provider by key. Found → ``succeeded`` with its receipt. Not
+  found → requeue: the executor sends the identical request with the same key (a late
+  original is deduped by the provider). No answer → ``unknown``, looked up again next sweep.
+- ``keyed`` without lookup, ``replay_safe``: requeue (resending the same key is safe).
+- ``none``: ``unknown``; only an operator can resolve it. Nothing is ever resent.
+
+It never calls a write API and never the planner (R6.5): its credential is lookup-only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+from uuid import UUID
+
+import asyncpg
+
+from agentledger import errors, faults
+from agentledger.connectors import base
+from agentledger.ledger import dispatch, repository
+
+log = logging.getLogger(__name__)
+
+# A lookup is one read; the lease only needs to cover it and the bookkeeping.
+LEASE_S = 30.0
+
+Action = Literal["succeeded", "requeued", "unknown", "skipped"]
+
+
+@dataclass
+class Reconciler:
+    pool: asyncpg.Pool
+    connectors: Mapping[str, base.Connector]
+    credentials: base.Credentials  # lookup scope
+    worker_id: str
+    lease_s: float = LEASE_S
+
+    async def sweep(self, *, limit: int = 100) -> dict[UUID, Action]:
+        """One pass over every command that needs recovery; returns what was done."""
+        async with self.pool.acquire() as conn:
+            todo = await dispatch.needs_reconciliation(conn, limit=limit)
+        done: dict[UUID, Action] = {}
+        for item in todo:
+            try:
+                done[item["operation_id"]] = await self.reconcile(
+                    item["tenant_id"], item["operation_id"], item["connector"], item["state"])
+            except errors.StaleClaim:
+                done[item["operation_id"]] = "skipped"
+        return done
+
+    async def reconcile(
+        self, tenant_id: UUID, operation_id: UUID, connector_name: str, state: str
+    ) -> Action:
+        connector = self.connectors.get(connector_name)
+        if connector is None:
+            return "skipped"
+        contract = connector.contract
+        if state == "unknown" and not contract.lookup:
+            return "skipped"  # waits for an operator; nothing automatic is safe
+        async with self.pool.acquire() as conn:
+            held = await dispatch.claim(conn, tenant_id, operation_id, worker_id=self.worker_id,
+                                        lease_s=self.lease_s, take_over=True,
+                                        kind="lookup" if contract.lookup else "resend")
+            if held is None:
+                return "skipped"
+            row = await repository.load_command(conn, tenant_id, operation_id)
+        call = base.Call(tenant_id, operation_id, row["action"], row["resource_id"], {},
+                         row["expected_revision"])
+        if contract.lookup:
+            token = self.credentials.token(connector.name, tenant_id)
+            found: base.Applied | base.NotFound | base.InDoubt
+            if token is None:
+                found = base.InDoubt("no lookup credential for this tenant")
+            else:
+                await faults.point("reconciler.mid_lookup")
+                found = await connector.lookup(call, token)
+            if isinstance(found, base.Applied):
+                await self._finalize(held, "succeeded", receipt=found.receipt)
+                return "succeeded"
+            if isinstance(found, base.NotFound) and contract.may_resend:
+                async with self.pool.acquire() as conn:
+                    await dispatch.requeue(conn, held, reason="lookup found no effect; resend "
+                                           "the same request with the same key")
+                return "requeued"
+            await self._finalize(held, "unknown", reason=getattr(found, "reason", "no answer"))
+            return "unknown"
+        if contract.may_resend:
+            async with self.pool.acquire() as conn:
+                await dispatch.requeue(conn, held, reason="lease expired; the contract allows "
+                                       "resending the same request")
+            return "requeued"
+        await self._finalize(held, "unknown", reason="lease expired without a recorded answer; "
+                             "the provider cannot be asked: an operator must reconcile")
+        return "unknown"
+
+    async def _finalize(self, held: dispatch.Claim, state: dispatch.FinalState, *,
+                        receipt: str | None = None, reason: str | None = None) -> None:
+        async with self.pool.acquire() as conn:
+            await dispatch.finalize(conn, held, state, receipt=receipt, reason=reason)
+        log.info("event=reconciled operation_id=%s state=%s", held.operation_id, state)

@@ -1,0 +1,89 @@
+"""Named fault points for chaos tests (STYLE rule 12), a no-op unless configured.
+
+``AGENTLEDGER_FAULT=<point>:<action>[:<count or probability>]``, several separated by commas.
+Actions: ``kill`` (SIGKILL this process), ``pause`` (SIGSTOP it: a paused worker past its
+lease), ``delay`` (sleep 2 s), ``raise`` (raise FaultInjected). The optional third field is a
+count (``3``: the first three passes) or a probability (``0.2``). Points are few and named in
+``POINTS``; every one is exercised by a chaos test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+from dataclasses import dataclass
+
+POINTS = frozenset({
+    "admission.before_commit",
+    "executor.after_claim",            # after commit, before dispatch
+    "executor.after_remote_write",     # after the remote write, before the receipt is persisted
+    "executor.after_receipt",          # after the receipt, before the queue ack
+    "relay.after_produce",             # after produce, before the LSN flush
+    "reconciler.mid_lookup",
+})
+
+
+class FaultInjected(RuntimeError):
+    """Raised by the ``raise`` action."""
+
+
+@dataclass
+class _Rule:
+    action: str
+    remaining: int | None
+    probability: float | None
+
+    def fires(self) -> bool:
+        if self.probability is not None:
+            return random.random() < self.probability  # noqa: S311 - chaos, not crypto
+        if self.remaining is None:
+            return True
+        if self.remaining <= 0:
+            return False
+        self.remaining -= 1
+        return True
+
+
+def _parse(spec: str) -> dict[str, _Rule]:
+    rules: dict[str, _Rule] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        point, _, rest = item.partition(":")
+        action, _, amount = rest.partition(":")
+        if point not in POINTS or action not in ("kill", "pause", "delay", "raise"):
+            raise ValueError(f"bad AGENTLEDGER_FAULT entry {item!r}")
+        count = prob = None
+        if amount:
+            if "." in amount:
+                prob = float(amount)
+            else:
+                count = int(amount)
+        rules[point] = _Rule(action, count, prob)
+    return rules
+
+
+_RULES = _parse(os.environ.get("AGENTLEDGER_FAULT", ""))
+
+
+async def point(name: str) -> None:
+    """Pass a named fault point; does nothing unless AGENTLEDGER_FAULT names it."""
+    if not _RULES:
+        return
+    rule = _RULES.get(name)
+    if rule is None or not rule.fires():
+        return
+    if rule.action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif rule.action == "pause":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif rule.action == "delay":
+        await asyncio.sleep(2.0)
+    else:
+        raise FaultInjected(name)
+
+
+def reload(spec: str | None = None) -> None:
+    """Re-read the configuration (tests that set the variable after import)."""
+    global _RULES
+    _RULES = _parse(os.environ.get("AGENTLEDGER_FAULT", "") if spec is None else spec)

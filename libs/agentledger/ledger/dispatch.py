@@ -1,0 +1,226 @@
+"""Claims, attempts and outcomes: the dispatch half of the ledger (SPEC R5, R6).
+
+Every function is one short transaction; none holds a lock across a network call (R5.4).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+from uuid import UUID
+
+from agentledger import errors, sql
+from agentledger.contracts import outcomes
+from agentledger.ledger import repository
+from agentledger.ledger.repository import Conn
+
+Q = sql.load(Path(__file__).with_name("dispatch.sql"))
+
+AttemptKind = Literal["dispatch", "lookup", "resend"]
+FinalState = Literal[
+    "pending", "succeeded", "denied", "expired", "unknown", "review_required", "failed"
+]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A worker's right to act on one command until ``lease_until``."""
+
+    tenant_id: UUID
+    operation_id: UUID
+    token: UUID
+    worker_id: str
+    generation: int
+    lease_until: datetime
+    attempt_id: UUID
+    previous_state: str = "pending"
+
+
+async def claim(
+    conn: Conn, tenant_id: UUID, operation_id: UUID, *, worker_id: str, lease_s: float,
+    kind: AttemptKind = "dispatch", traceparent: str | None = None, take_over: bool = False,
+) -> Claim | None:
+    """Claim a pending command (or, with ``take_over``, an expired or unknown one).
+
+    The claim and its attempt row are written in one transaction. Returns None when the
+    command is not claimable now: terminal, held by a live lease, or locked by another worker.
+    """
+    token = uuid.uuid4()
+    async with repository.transaction(conn, tenant_id) as tx:
+        row = await tx.fetchrow(
+            Q["take_over" if take_over else "claim"], tenant_id, operation_id, token,
+            worker_id, lease_s,
+        )
+        if row is None:
+            return None
+        attempt = await tx.fetchrow(
+            Q["start_attempt"], tenant_id, operation_id, row["fencing_generation"], worker_id,
+            kind, traceparent,
+        )
+        assert attempt is not None
+        await repository.append_event(
+            tx, tenant_id=tenant_id, operation_id=operation_id, family="audit",
+            type="command.claimed",
+            payload={"operation_id": str(operation_id), "worker_id": worker_id, "kind": kind,
+                     "fencing_generation": row["fencing_generation"],
+                     "previous_state": row.get("previous_state", "pending")},
+            traceparent=traceparent,
+        )
+    return Claim(tenant_id, operation_id, token, worker_id, int(row["fencing_generation"]),
+                 row["lease_until"], attempt["attempt_id"],
+                 row.get("previous_state") or "pending")
+
+
+async def new_attempt(
+    conn: Conn, held: Claim, *, kind: AttemptKind, traceparent: str | None = None
+) -> Claim:
+    """Record another attempt under the same claim (a resend with the same key)."""
+    async with repository.transaction(conn, held.tenant_id) as tx:
+        attempt = await tx.fetchrow(
+            Q["start_attempt"], held.tenant_id, held.operation_id, held.generation,
+            held.worker_id, kind, traceparent,
+        )
+    assert attempt is not None
+    return Claim(held.tenant_id, held.operation_id, held.token, held.worker_id, held.generation,
+                 held.lease_until, attempt["attempt_id"], held.previous_state)
+
+
+async def finish_attempt(conn: Conn, held: Claim, result: str, detail: str) -> None:
+    """Close an attempt without finalizing the command (e.g. before a resend)."""
+    async with repository.transaction(conn, held.tenant_id) as tx:
+        await tx.execute(Q["finish_attempt"], held.tenant_id, held.attempt_id, result, detail[:500])
+
+
+async def finalize(
+    conn: Conn, held: Claim, state: FinalState, *, receipt: str | None = None,
+    reason: str | None = None, traceparent: str | None = None,
+) -> None:
+    """Record the outcome, conditional on still holding the claim (R5.3).
+
+    In the same transaction: the attempt is closed, an audit event is written and, for
+    terminal and unknown states, the outcome event for ``agent.outcomes.v1``.
+
+    Raises:
+        StaleClaim: the claim was taken over; nothing was written.
+    """
+    attempt_result = "error" if state == "pending" else state
+    async with repository.transaction(conn, held.tenant_id) as tx:
+        row = await tx.fetchrow(
+            Q["finalize"], held.tenant_id, held.operation_id, held.token, state, receipt,
+            reason,
+        )
+        if row is None:
+            raise errors.StaleClaim(
+                "the lease was taken over; this worker's outcome is not recorded",
+                operation_id=str(held.operation_id), generation=held.generation,
+            )
+        await tx.execute(Q["finish_attempt"], held.tenant_id, held.attempt_id, attempt_result,
+                         (reason or receipt or "")[:500])
+        await repository.append_event(
+            tx, tenant_id=held.tenant_id, operation_id=held.operation_id, family="audit",
+            type=f"command.{state}",
+            payload={"operation_id": str(held.operation_id), "state": state,
+                     "receipt": receipt, "reason": reason, "worker_id": held.worker_id,
+                     "fencing_generation": held.generation},
+            traceparent=traceparent,
+        )
+        outcome = outcomes.event_payload(held.tenant_id, held.operation_id, state, receipt, reason)
+        if outcome is not None:
+            await repository.append_event(
+                tx, tenant_id=held.tenant_id, operation_id=held.operation_id,
+                family="outcome", type=f"outcome.{state}", payload=outcome,
+                traceparent=traceparent,
+            )
+
+
+async def attempts(conn: Conn, tenant_id: UUID, operation_id: UUID) -> list[dict[str, Any]]:
+    """The attempts of a command, oldest first."""
+    async with repository.transaction(conn, tenant_id) as tx:
+        rows = await tx.fetch(Q["attempts"], tenant_id, operation_id)
+    return [dict(r) for r in rows]
+
+
+async def requeue(
+    conn: Conn, held: Claim, *, reason: str, traceparent: str | None = None
+) -> None:
+    """Release the claim to ``pending`` and renew the dispatch obligation, in one transaction.
+
+    Only for a command proven safe to send again: nothing reached the provider, or the
+    connector dedupes by key and a lookup found no effect.
+
+    Raises:
+        StaleClaim: the claim was taken over; nothing was written.
+    """
+    async with repository.transaction(conn, held.tenant_id) as tx:
+        connector = await tx.fetchval(
+            Q["release"], held.tenant_id, held.operation_id, held.token, reason[:500]
+        )
+        if connector is None:
+            raise errors.StaleClaim("the lease was taken over; not requeued",
+                                    operation_id=str(held.operation_id))
+        await tx.execute(Q["finish_attempt"], held.tenant_id, held.attempt_id, "error",
+                         reason[:500])
+        await tx.execute(Q["drop_obligation"], held.tenant_id, held.operation_id)
+        await tx.execute(Q["renew_obligation"], held.tenant_id, held.operation_id, connector,
+                         traceparent)
+        await repository.append_event(
+            tx, tenant_id=held.tenant_id, operation_id=held.operation_id, family="audit",
+            type="command.requeued",
+            payload={"operation_id": str(held.operation_id), "reason": reason[:500],
+                     "worker_id": held.worker_id, "fencing_generation": held.generation},
+            traceparent=traceparent,
+        )
+
+
+async def needs_reconciliation(conn: Conn, *, limit: int = 100) -> list[dict[str, Any]]:
+    """Commands with an expired lease or an unknown outcome, across tenants (keys only)."""
+    async with repository.transaction(conn, None) as tx:
+        rows = await tx.fetch(Q["needs_reconciliation"], limit)
+    return [dict(r) for r in rows]
+
+
+async def resolve_unknown(
+    conn: Conn, tenant_id: UUID, operation_id: UUID, *, outcome: Literal["succeeded", "failed"],
+    resolved_by: str, reason: str, receipt: str | None = None, evidence: str | None = None,
+) -> UUID:
+    """An operator resolves an ``unknown`` command, recorded with who, when, why (R6.6).
+
+    Raises:
+        ValidationFailed: ``succeeded`` without a receipt (never a success without one).
+        InvalidTransition: the command is not ``unknown``.
+    """
+    if outcome == "succeeded" and not receipt:
+        raise errors.ValidationFailed("a success needs the provider's receipt as evidence")
+    async with repository.transaction(conn, tenant_id) as tx:
+        row = await tx.fetchrow(Q["resolve_unknown"], tenant_id, operation_id, outcome, receipt,
+                                reason[:500])
+        if row is None:
+            raise errors.InvalidTransition("only an unknown command can be resolved",
+                                           operation_id=str(operation_id))
+        resolution = await tx.fetchrow(Q["record_resolution"], tenant_id, operation_id,
+                                       resolved_by, outcome, receipt, reason, evidence)
+        assert resolution is not None
+        await repository.append_event(
+            tx, tenant_id=tenant_id, operation_id=operation_id, family="audit",
+            type="command.reconciled",
+            payload={"operation_id": str(operation_id), "outcome": outcome,
+                     "resolved_by": resolved_by, "reason": reason[:500], "receipt": receipt,
+                     "resolution_id": str(resolution["resolution_id"])},
+        )
+        await repository.append_event(
+            tx, tenant_id=tenant_id, operation_id=operation_id, family="outcome",
+            type=f"outcome.{outcome}",
+            payload=outcomes.event_payload(tenant_id, operation_id, outcome, receipt, reason) or {},
+        )
+    resolution_id: UUID = resolution["resolution_id"]
+    return resolution_id
+
+
+async def unknown_commands(conn: Conn, tenant_id: UUID) -> list[dict[str, Any]]:
+    """A tenant's commands awaiting reconciliation by an operator."""
+    async with repository.transaction(conn, tenant_id) as tx:
+        rows = await tx.fetch(Q["unknown_commands"], tenant_id)
+    return [dict(r) for r in rows]

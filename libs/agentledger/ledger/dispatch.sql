@@ -1,0 +1,110 @@
+-- Claiming, attempts and finalization of commands (SPEC R5, R6). Loaded by dispatch.py.
+
+-- name: claim --
+-- R5.1/R5.2: take a PENDING command in one short statement: row lock with SKIP LOCKED, the
+-- state checked atomically, a bounded lease, a fresh claim token, fencing generation + 1.
+WITH target AS (
+  SELECT tenant_id, operation_id FROM agent_command
+  WHERE tenant_id = $1 AND operation_id = $2 AND state = 'pending'
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE agent_command c
+SET state = 'dispatching', claim_token = $3, claimed_by = $4,
+    lease_until = now() + make_interval(secs => $5),
+    fencing_generation = c.fencing_generation + 1,
+    dispatched_at = coalesce(c.dispatched_at, now()), updated_at = now()
+FROM target
+WHERE c.tenant_id = target.tenant_id AND c.operation_id = target.operation_id
+RETURNING c.fencing_generation, c.lease_until;
+
+-- name: take_over --
+-- R5.5: the reconciler takes over a command whose lease expired, or an `unknown` one it can
+-- look up. The new token and generation fence the previous holder out of finalizing.
+WITH target AS (
+  SELECT tenant_id, operation_id, state AS previous_state FROM agent_command
+  WHERE tenant_id = $1 AND operation_id = $2
+    AND ((state = 'dispatching' AND lease_until < now()) OR state = 'unknown')
+  FOR UPDATE SKIP LOCKED
+)
+UPDATE agent_command c
+SET state = 'dispatching', claim_token = $3, claimed_by = $4,
+    lease_until = now() + make_interval(secs => $5),
+    fencing_generation = c.fencing_generation + 1, updated_at = now()
+FROM target
+WHERE c.tenant_id = target.tenant_id AND c.operation_id = target.operation_id
+RETURNING c.fencing_generation, c.lease_until, target.previous_state;
+
+-- name: start_attempt --
+-- R5.6: one row per execution attempt, written with the claim that authorises it.
+INSERT INTO command_attempt (tenant_id, operation_id, fencing_generation, worker_id, kind,
+                             traceparent)
+VALUES ($1, $2, $3, $4, $5, $6)
+RETURNING attempt_id, started_at;
+
+-- name: finish_attempt --
+-- The attempt's end and what came back.
+UPDATE command_attempt SET finished_at = now(), result = $3, detail = $4
+WHERE tenant_id = $1 AND attempt_id = $2;
+
+-- name: finalize --
+-- R5.3: only the holder of the current claim token records an outcome; the lease and token
+-- are cleared. `pending` (nothing was sent) and `unknown` are not terminal: no finished_at.
+UPDATE agent_command
+SET state = $4, provider_receipt = $5, outcome_reason = $6, lease_until = NULL,
+    claim_token = NULL, updated_at = now(),
+    finished_at = CASE WHEN $4 IN ('pending', 'unknown') THEN NULL ELSE now() END
+WHERE tenant_id = $1 AND operation_id = $2 AND claim_token = $3 AND state = 'dispatching'
+RETURNING fencing_generation;
+
+-- name: attempts --
+-- Every attempt of a command, oldest first.
+SELECT attempt_id, fencing_generation, worker_id, kind, started_at, finished_at, result, detail,
+       traceparent
+FROM command_attempt WHERE tenant_id = $1 AND operation_id = $2 ORDER BY started_at, attempt_id;
+
+-- name: release --
+-- Give a claimed command back to `pending`, conditional on the claim: only when it is proven
+-- that nothing reached the provider, or that resending the same key is safe (R5.5).
+UPDATE agent_command
+SET state = 'pending', claim_token = NULL, lease_until = NULL, outcome_reason = $4,
+    updated_at = now()
+WHERE tenant_id = $1 AND operation_id = $2 AND claim_token = $3 AND state = 'dispatching'
+RETURNING connector;
+
+-- name: drop_obligation --
+-- A published obligation may still await the relay's sweep; a requeue replaces it.
+DELETE FROM command_outbox WHERE tenant_id = $1 AND operation_id = $2;
+
+-- name: renew_obligation --
+-- A new dispatch obligation for a requeued command: the relay publishes the insert again.
+INSERT INTO command_outbox (tenant_id, operation_id, aggregatetype, aggregateid, type, payload,
+                            traceparent)
+VALUES ($1, $2, $3, $1::uuid::text || ':' || $2::uuid::text, 'command.requeued',
+        jsonb_build_object('tenant_id', $1::uuid, 'operation_id', $2::uuid,
+                           'type', 'command.requeued'),
+        $4);
+
+-- name: needs_reconciliation --
+-- Keys of commands with an expired lease or an unknown outcome, across tenants (the
+-- function returns no payload and no principal; see migration 0004).
+SELECT tenant_id, operation_id, state, connector FROM agentledger_needs_reconciliation($1);
+
+-- name: resolve_unknown --
+-- An operator's resolution of an `unknown` command (R6.6): only from `unknown`.
+UPDATE agent_command
+SET state = $3, provider_receipt = $4, outcome_reason = $5, finished_at = now(),
+    updated_at = now(), lease_until = NULL, claim_token = NULL
+WHERE tenant_id = $1 AND operation_id = $2 AND state = 'unknown'
+RETURNING fencing_generation;
+
+-- name: record_resolution --
+-- Who resolved it, when, why, with what evidence.
+INSERT INTO command_resolution (tenant_id, operation_id, resolved_by, outcome, receipt, reason,
+                                evidence)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+RETURNING resolution_id, resolved_at;
+
+-- name: unknown_commands --
+-- A tenant's commands awaiting an operator.
+SELECT operation_id, action, connector, resource_id, principal_id, outcome_reason, updated_at
+FROM agent_command WHERE tenant_id = $1 AND state = 'unknown' ORDER BY updated_at;

@@ -1,0 +1,12 @@
+"""python -m agentledger.services.executor"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from agentledger.services.executor.app import create_app
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    asyncio.run(create_app().run())

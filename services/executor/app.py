@@ -1,0 +1,65 @@
+"""Executor service wiring: one connector, one consumer group, write credentials only here."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import asyncpg
+from faststream import FastStream
+from faststream.confluent import KafkaBroker
+
+from agentledger import crypto
+from agentledger.connectors import base, crm
+from agentledger.contracts import topics
+from agentledger.executor import dispatcher, inflight
+from agentledger.kafka import topics as kafka_topics
+from agentledger.ledger import keys
+from agentledger.policy import allowlist, decision
+from agentledger.services.executor import handlers
+from agentledger.services.executor.settings import ExecutorSettings
+
+
+def create_app(settings: ExecutorSettings | None = None) -> FastStream:
+    cfg = settings or ExecutorSettings.model_validate({})
+    topic = cfg.exec_topic or topics.exec_topic(cfg.connector)
+    group = cfg.group_id or f"agentledger-executor-{cfg.connector}"
+    broker = KafkaBroker(cfg.kafka_bootstrap, acks="all", enable_idempotence=True,
+                         client_id=f"agentledger-executor-{cfg.connector}")
+    app = FastStream(broker)
+    rules = allowlist.Allowlist.load()
+    connectors = {name: c for name, c in crm.registry(cfg.crm_url).items()
+                  if name == cfg.connector}
+    running = inflight.InFlight(cfg.max_in_flight)
+    state: dict[str, asyncpg.Pool] = {}
+
+    async def init(conn: asyncpg.Connection) -> None:
+        if cfg.db_role:
+            await conn.execute(f'SET ROLE "{cfg.db_role}"')
+
+    @app.on_startup
+    async def start() -> None:
+        kafka_topics.ensure(cfg.kafka_bootstrap, {topic: cfg.partitions,
+                                                  topics.dlq_topic(topic): 1})
+        pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=cfg.pool_size,
+                                         init=init)
+        state["pool"] = pool
+        handlers.register(broker, dispatcher.Dispatcher(
+            pool=pool, connectors=connectors,
+            credentials=base.Credentials("write", cfg.write_tokens),
+            cipher=keys.PayloadCipher(crypto.MasterKey.from_b64(cfg.master_key.get_secret_value())),
+            policy=decision.AllowlistPolicy(rules), allowlist=rules,
+            worker_id=cfg.worker_id or f"executor-{socket.gethostname()}-{os.getpid()}",
+            lease_s=cfg.lease_s,
+        ), running, topic=topic, group_id=group)
+
+    @app.after_shutdown
+    async def stop() -> None:
+        # Finish in-flight calls (their claims) before closing the pool.
+        await running.drain(cfg.drain_s)
+        for connector in connectors.values():
+            await connector.aclose()
+        if "pool" in state:
+            await state["pool"].close()
+
+    return app

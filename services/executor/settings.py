@@ -1,0 +1,32 @@
+"""Executor settings (env prefix ``AGENTLEDGER_EXECUTOR_``)."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ExecutorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AGENTLEDGER_EXECUTOR_", extra="ignore")
+
+    database_url: str = Field(validation_alias="AGENTLEDGER_DATABASE_URL")
+    kafka_bootstrap: str = Field(validation_alias="AGENTLEDGER_KAFKA_BOOTSTRAP")
+    master_key: SecretStr = Field(validation_alias="AGENTLEDGER_MASTER_KEY")
+    # One executor deployment per connector: its own consumer group, its own credentials.
+    connector: str = "crm"
+    exec_topic: str | None = None  # default exec.<connector>.v1; tests use their own
+    group_id: str | None = None    # default agentledger-executor-<connector>
+    db_role: str | None = "agentledger_executor"
+    crm_url: str = "http://127.0.0.1:8090"
+    # {connector: {tenant id: write-scoped token}}: loaded only by the executor (R1.7).
+    write_tokens: dict[str, dict[str, str]] = Field(default_factory=dict)
+    worker_id: str | None = None   # default executor-<hostname>-<pid>
+    # Calls in flight per instance: ~ target throughput * provider latency. 64 covers
+    # 300 commands/s at 200 ms with room, and bounds memory and CRM connections.
+    max_in_flight: int = 64
+    lease_s: float = 60.0
+    # Graceful shutdown waits this long for in-flight calls before leaving them to the
+    # reconciler; shorter than a Kubernetes termination grace period (90 s in deploy/k8s).
+    drain_s: float = 45.0
+    pool_size: int = 20
+    partitions: int = 6

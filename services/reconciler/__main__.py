@@ -1,0 +1,12 @@
+"""python -m agentledger.services.reconciler"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from agentledger.services.reconciler.app import run
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    asyncio.run(run())

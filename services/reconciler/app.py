@@ -1,0 +1,51 @@
+"""The reconciler: a periodic sweep of expired leases and unknown outcomes (R5.5, R6.4)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import asyncpg
+
+from agentledger.connectors import base, crm
+from agentledger.executor import reconciler
+from agentledger.services.reconciler.settings import ReconcilerSettings
+
+log = logging.getLogger(__name__)
+
+
+async def run(cfg: ReconcilerSettings | None = None) -> None:
+    cfg = cfg or ReconcilerSettings.model_validate({})
+
+    async def init(conn: asyncpg.Connection) -> None:
+        if cfg.db_role:
+            await conn.execute(f'SET ROLE "{cfg.db_role}"')
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    connectors = crm.registry(cfg.crm_url)
+    pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=4, init=init)
+    worker = reconciler.Reconciler(pool=pool, connectors=connectors,
+                                   credentials=base.Credentials("lookup", cfg.lookup_tokens),
+                                   worker_id=cfg.worker_id)
+    log.info("event=reconciler_started period_s=%s", cfg.period_s)
+    try:
+        while not stop.is_set():
+            try:
+                done = await worker.sweep(limit=cfg.batch)
+                if done:
+                    log.info("event=sweep handled=%d", len(done))
+            except Exception:  # a failed sweep is retried next period; never exit the loop
+                log.exception("event=sweep_failed")
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=cfg.period_s)
+            except TimeoutError:
+                pass
+    finally:
+        await pool.close()
+        for connector in connectors.values():
+            await connector.aclose()
+        log.info("event=reconciler_stopped")

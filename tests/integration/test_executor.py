@@ -1,0 +1,224 @@
+"""Executor and reconciler against the real CRM and ledger (issue 5): state AND effects."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import asyncpg
+import pytest
+
+from agentledger import errors
+from agentledger.ledger import dispatch
+from tests.helpers import assert_eventually
+from tests.integration.crm.conftest import Crm, run_crm
+from tests.integration.executor_world import World, close_world, open_world
+
+NOTE = "crm.note.create"
+REFUND = "billing.refund.create"
+CONTACT = "crm.contact.update"
+
+
+@pytest.fixture(scope="module")
+def crm(make_database: Callable[[], str], tmp_path_factory: pytest.TempPathFactory) -> object:
+    with run_crm(make_database(), tmp_path_factory.mktemp("crm"), faults_enabled="true") as c:
+        yield c
+
+
+@pytest.fixture
+async def world(crm: Crm, database_url: str) -> AsyncIterator[World]:
+    w = await open_world(crm, database_url)
+    yield w
+    await crm.disarm()
+    await close_world(w)
+
+
+async def test_lost_response_on_a_keyed_note_yields_one_note_and_success(world: World) -> None:
+    t = await world.tenant()
+    op = await world.admit(t, NOTE, {"body": "call back on Monday"})
+    await world.crm.arm({"match": {"method": "POST", "path_prefix": f"/v1/customers/{t.customer_id}/notes"},
+                         "action": "drop_after_commit", "times": 1})
+    worker = world.dispatcher()
+    begun = await worker.begin(t.tenant_id, op)
+    assert begun.claim is not None
+    assert await worker.complete(begun.claim) == "succeeded"
+
+    notes = await world.effects(t, "note.created")
+    assert len(notes) == 1 and notes[0]["idempotency_key"] == str(op)
+    row = await world.row(t, op)
+    assert row["state"] == "succeeded" and row["provider_receipt"].startswith("crm:note:")
+    async with world.owner.acquire() as conn:
+        attempts = await dispatch.attempts(conn, t.tenant_id, op)
+    assert [(a["kind"], a["result"]) for a in attempts] == [("dispatch", "unknown"), ("resend", "succeeded")]
+
+
+async def test_lost_response_on_a_refund_is_unknown_until_an_operator_resolves_it(
+    world: World, database_url: str
+) -> None:
+    t = await world.tenant()
+    op = await world.admit(t, REFUND, {"invoice_id": "inv-9", "amount_minor": 2500, "currency": "EUR",
+                                       "reason": "damaged parcel"})
+    await world.crm.arm({"match": {"method": "POST", "path_prefix": "/v1/refunds"},
+                         "action": "drop_after_commit", "times": 1})
+    worker = world.dispatcher()
+    begun = await worker.begin(t.tenant_id, op)
+    assert begun.claim is not None
+    assert await worker.complete(begun.claim) == "unknown"
+    assert len(await world.effects(t, "refund.created")) == 1  # it did happen; we just don't know
+    row = await world.row(t, op)
+    assert (row["state"], row["provider_receipt"]) == ("unknown", None)
+
+    # The reconciler cannot look refunds up and never resends them.
+    assert (await world.reconciler().sweep()).get(op) in (None, "skipped")
+    assert len(await world.effects(t, "refund.created")) == 1
+
+    operator = await asyncpg.connect(database_url)
+    try:
+        await operator.execute("SET ROLE agentledger_reconciler")
+        listed = await dispatch.unknown_commands(operator, t.tenant_id)
+        assert [c["operation_id"] for c in listed] == [op]
+        with pytest.raises(errors.ValidationFailed):
+            await dispatch.resolve_unknown(operator, t.tenant_id, op, outcome="succeeded",
+                                           resolved_by="ops:bob", reason="customer saw money")
+        assert (await world.row(t, op))["state"] == "unknown"
+        effect = (await world.effects(t, "refund.created"))[0]
+        await dispatch.resolve_unknown(operator, t.tenant_id, op, outcome="succeeded",
+                                       resolved_by="ops:bob", reason="found in the CRM effect log",
+                                       receipt=f"crm:refund:effect-{effect['effect_id']}",
+                                       evidence="GET /admin/effects")
+    finally:
+        await operator.close()
+    row = await world.row(t, op)
+    assert row["state"] == "succeeded" and row["provider_receipt"].startswith("crm:refund:")
+    async with world.owner.acquire() as conn:
+        resolution = await conn.fetchrow("SELECT * FROM command_resolution WHERE operation_id=$1", op)
+    assert resolution["resolved_by"] == "ops:bob" and resolution["reason"]
+
+
+async def test_stale_worker_past_its_lease_cannot_finalize_and_one_effect(world: World) -> None:
+    t = await world.tenant()
+    op = await world.admit(t, NOTE, {"body": "race"})
+    slow = world.dispatcher("slow-worker", lease_s=0.5)
+    begun = await slow.begin(t.tenant_id, op)
+    assert begun.claim is not None
+
+    async def lease_expired() -> bool:
+        async with world.owner.acquire() as conn:
+            return bool(await conn.fetchval("SELECT now() > $1::timestamptz", begun.claim.lease_until))
+    await assert_eventually(lease_expired, timeout=10)
+
+    # The reconciler takes over (new token, new generation), finds no effect, and requeues;
+    # a second worker dispatches with the same key.
+    assert (await world.reconciler().sweep())[op] == "requeued"
+    fast = world.dispatcher("fast-worker")
+    again = await fast.begin(t.tenant_id, op)
+    assert again.claim is not None and again.claim.generation == begun.claim.generation + 2
+    assert await fast.complete(again.claim) == "succeeded"
+
+    # The paused worker wakes up and completes its call: the provider dedupes the key, and
+    # the fencing check refuses its outcome.
+    with pytest.raises(errors.StaleClaim):
+        await slow.complete(begun.claim)
+    assert len(await world.effects(t, "note.created")) == 1
+    row = await world.row(t, op)
+    assert row["state"] == "succeeded" and row["fencing_generation"] == again.claim.generation
+
+
+async def test_expired_approval_stops_the_command_with_no_call(world: World) -> None:
+    t = await world.tenant()
+    op = await world.admit(t, NOTE, {"body": "too late"})
+    async with world.owner.acquire() as conn:  # the clock moving on, in one statement
+        await conn.execute("UPDATE agent_command SET expires_at = now() - interval '1 second' "
+                           "WHERE operation_id = $1", op)
+    worker = world.dispatcher()
+    begun = await worker.begin(t.tenant_id, op)
+    assert await worker.complete(begun.claim) == "expired"  # type: ignore[arg-type]
+    assert await world.effects(t) == []
+    assert (await world.row(t, op))["outcome_reason"].startswith("the approval expired")
+
+
+async def test_changed_revision_sends_the_command_to_review_with_no_effect(world: World) -> None:
+    t = await world.tenant(email="old@example.com")
+    op = await world.admit(t, CONTACT, {"changes": {"email": "new@example.com"}},
+                           expected_revision=world.directory[(t.tenant_id, "crm", t.customer_id)])
+    await world.crm.customer(str(t.tenant_id), t.customer_id, email="someone-else@example.com")
+    worker = world.dispatcher()
+    begun = await worker.begin(t.tenant_id, op)
+    assert await worker.complete(begun.claim) == "review_required"  # type: ignore[arg-type]
+    assert await world.effects(t, "contact.updated") == []
+    assert (await world.row(t, op))["state"] == "review_required"
+
+
+async def test_redelivered_command_calls_nothing(world: World) -> None:
+    t = await world.tenant()
+    op = await world.admit(t, NOTE, {"body": "once"})
+    worker = world.dispatcher()
+    results = await asyncio.gather(*(worker.begin(t.tenant_id, op) for _ in range(5)))
+    claims = [r.claim for r in results if r.claim is not None]
+    assert len(claims) == 1 and {r.disposition for r in results} == {"claimed", "held"}
+    assert await worker.complete(claims[0]) == "succeeded"
+    later = await worker.begin(t.tenant_id, op)
+    assert (later.disposition, later.state) == ("terminal", "succeeded")
+    assert len(await world.effects(t, "note.created")) == 1
+
+
+async def test_connection_refused_requeues_without_an_effect(world: World, crm: Crm) -> None:
+    t = await world.tenant()
+    op = await world.admit(t, NOTE, {"body": "provider down"})
+    from agentledger.connectors import crm as crm_connectors
+    from agentledger.executor import dispatcher as dispatcher_mod
+    down = world.dispatcher()
+    down.connectors = crm_connectors.registry("http://127.0.0.1:9")  # nothing listens on 9
+    begun = await down.begin(t.tenant_id, op)
+    original = dispatcher_mod.NOT_SENT_RETRIES
+    dispatcher_mod.NOT_SENT_RETRIES = 0
+    try:
+        assert await down.complete(begun.claim) == "pending"  # type: ignore[arg-type]
+    finally:
+        dispatcher_mod.NOT_SENT_RETRIES = original
+        for c in down.connectors.values():
+            await c.aclose()
+    async with world.owner.acquire() as conn:
+        outbox = await conn.fetch("SELECT type FROM command_outbox WHERE operation_id=$1", op)
+    assert [o["type"] for o in outbox] == ["command.requeued"]
+    assert (await world.row(t, op))["state"] == "pending"
+    assert await world.effects(t) == []
+
+
+async def test_operator_cli_lists_and_resolves_an_unknown_refund(world: World, database_url: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    t = await world.tenant()
+    op = await world.admit(t, REFUND, {"invoice_id": "inv-2", "amount_minor": 700, "currency": "EUR",
+                                       "reason": "wrong size"})
+    await world.crm.arm({"match": {"method": "POST", "path_prefix": "/v1/refunds"},
+                         "action": "late_answer_after_commit", "delay_ms": 8000, "times": 1})
+    worker = world.dispatcher()
+    begun = await worker.begin(t.tenant_id, op)
+    assert await worker.complete(begun.claim) == "unknown"  # type: ignore[arg-type]
+
+    env = {**os.environ, "AGENTLEDGER_DATABASE_URL": database_url}
+    cli = [sys.executable, "-m", "agentledger.cli"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*cli, *args], env=env, capture_output=True, text=True, timeout=60,
+                              check=False)
+
+    listed = await asyncio.to_thread(run, "reconcile", "list", "--tenant", str(t.tenant_id))
+    assert listed.returncode == 0 and str(op) in listed.stdout, listed.stderr
+    refused = await asyncio.to_thread(run, "reconcile", "resolve", str(op), "--tenant", str(t.tenant_id),
+                                      "--outcome", "succeeded", "--reason", "looks done", "--by", "ops:eve")
+    assert refused.returncode == 2 and "validation_failed" in refused.stdout
+    assert (await world.row(t, op))["state"] == "unknown"
+    done = await asyncio.to_thread(run, "reconcile", "resolve", str(op), "--tenant", str(t.tenant_id),
+                                   "--outcome", "failed", "--reason", "refund reversed by finance",
+                                   "--by", "ops:eve")
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = await world.row(t, op)
+    assert (row["state"], row["provider_receipt"]) == ("failed", None)
+    async with world.owner.acquire() as conn:
+        audit = await conn.fetchval("SELECT count(*) FROM event_outbox WHERE operation_id=$1 "
+                                    "AND type='command.reconciled'", op)
+    assert audit == 1
