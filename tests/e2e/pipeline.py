@@ -1,0 +1,159 @@
+"""The whole pipeline as real processes: CRM, admission, relay, executors, reconciler.
+
+Every service runs as ``python -m agentledger.services.<name>`` against the real broker and a
+fresh database; topics live under a per-run namespace so runs never see each other.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient
+
+from tests.helpers import wait_until
+from tests.integration import processes
+from tests.integration.crm.conftest import Crm, run_crm
+from tests.integration.relay import support as relay_support
+
+
+def slot_active(database_url: str, slot: str) -> bool:
+    conn = psycopg2.connect(database_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            row = cur.fetchone()
+    finally:
+        conn.close()
+    return bool(row and row[0])
+
+
+@dataclass
+class Pipeline:
+    bootstrap: str
+    database_url: str
+    crm: Crm
+    ns: str
+    tenant: str
+    customer: str
+    tokens: dict[str, str]
+    services: dict[str, processes.Service] = field(default_factory=dict)
+    seen: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def topic(self, name: str) -> str:
+        return self.ns + name
+
+    def producer(self) -> Producer:
+        return Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "acks": "all"})
+
+    def propose(self, action: str, arguments: dict[str, Any], *, operation_id: uuid.UUID | None = None,
+                expected_revision: str | None = None) -> uuid.UUID:
+        op = operation_id or uuid.uuid4()
+        body = {"schema": "agentledger.proposal.v1", "proposal_id": str(uuid.uuid4()),
+                "tenant_id": self.tenant, "principal_id": "user:alice", "operation_id": str(op),
+                "action": action, "arguments": {"customer_id": self.customer, **arguments},
+                "target": self.customer, "expected_revision": expected_revision,
+                "planner": {"name": "e2e"}, "created_at": datetime.now(UTC).isoformat()}
+        p = self.producer()
+        p.produce(self.topic("agent.proposals.v1"), key=self.tenant.encode(), value=json.dumps(body).encode(),
+                  headers=[("traceparent", f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01".encode())])
+        assert p.flush(15) == 0
+        return op
+
+    def state(self, op: uuid.UUID) -> tuple[str, str | None] | None:
+        conn = psycopg2.connect(self.database_url)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT state, provider_receipt FROM agent_command WHERE operation_id = %s", (str(op),))
+                row = cur.fetchone()
+        finally:
+            conn.close()
+        return (row[0], row[1]) if row else None
+
+    def wait_state(self, op: uuid.UUID, *states: str, timeout: float = 60) -> tuple[str, str | None]:
+        assert wait_until(lambda: (self.state(op) or ("",))[0] in states, timeout=timeout), (
+            f"{op} stayed {self.state(op)}; wanted {states}\n"
+            + "\n".join(f"--- {n}\n{s.tail(15)}" for n, s in self.services.items()))
+        result = self.state(op)
+        assert result is not None
+        return result
+
+    def read(self, topic: str, predicate: Any, *, timeout: float = 60) -> list[dict[str, Any]]:
+        """Records of ``topic`` (namespaced) whose JSON value satisfies ``predicate``."""
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"read-{uuid.uuid4().hex}",
+                             "auto.offset.reset": "earliest", "enable.auto.commit": False})
+        consumer.subscribe([self.topic(topic)])
+        found: list[dict[str, Any]] = []
+
+        def poll() -> bool:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                value = json.loads(msg.value())
+                if predicate(value):
+                    found.append(value)
+            return bool(found)
+        try:
+            wait_until(poll, timeout=timeout, interval=0)
+        finally:
+            consumer.close()
+        return found
+
+
+@contextmanager
+def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Path,
+             *, executor_env: dict[str, str] | None = None) -> Iterator[Pipeline]:
+    tag = uuid.uuid4().hex[:8]
+    ns, slot = f"e2e{tag}.", f"e2e_{tag}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    with ExitStack() as stack:
+        crm = stack.enter_context(run_crm(crm_database_url, logs, faults_enabled="true"))
+        import asyncio
+        tenant, customer = str(uuid.uuid4()), f"c-{tag}"
+        asyncio.run(crm.customer(tenant, customer, email="ada@example.com"))
+        tokens = {scope: asyncio.run(crm.token(tenant, scope)) for scope in ("read", "write", "lookup")}
+        common = {"AGENTLEDGER_DATABASE_URL": database_url, "AGENTLEDGER_KAFKA_BOOTSTRAP": bootstrap,
+                  "AGENTLEDGER_MASTER_KEY": base64.b64encode(os.urandom(32)).decode()}
+        p = Pipeline(bootstrap, database_url, crm, ns, tenant, customer, tokens)
+        stack.callback(relay_support.delete_namespace_topics, admin, ns)
+        stack.callback(relay_support.drop_slot, database_url, slot)
+
+        def start(name: str, module: str, env: dict[str, str], ready: Any, timeout: float = 90) -> None:
+            p.services[name] = stack.enter_context(processes.running(
+                module, {**common, **env}, logs / f"{name}.log", ready=ready, timeout=timeout))
+
+        start("relay", "agentledger.services.relay", {
+            "AGENTLEDGER_RELAY_SLOT": slot, "AGENTLEDGER_RELAY_TOPIC_NAMESPACE": ns,
+            "AGENTLEDGER_RELAY_EXEC_PARTITIONS": "3"}, lambda: slot_active(database_url, slot))
+        start("admission", "agentledger.services.admission", {
+            "AGENTLEDGER_ADMISSION_CRM_URL": crm.url,
+            "AGENTLEDGER_ADMISSION_CRM_READ_TOKENS": json.dumps({tenant: tokens["read"]}),
+            "AGENTLEDGER_ADMISSION_GROUP_ID": f"admission-{tag}",
+            "AGENTLEDGER_ADMISSION_PROPOSALS_TOPIC": p.topic("agent.proposals.v1"),
+            "AGENTLEDGER_ADMISSION_ADMISSIONS_TOPIC": p.topic("agent.admissions.v1"),
+            "AGENTLEDGER_ADMISSION_PARTITIONS": "3"},
+            processes.group_has_members(bootstrap, f"admission-{tag}"))
+        for connector in ("crm", "billing"):
+            start(f"executor-{connector}", "agentledger.services.executor", {
+                "AGENTLEDGER_EXECUTOR_CONNECTOR": connector,
+                "AGENTLEDGER_EXECUTOR_EXEC_TOPIC": p.topic(f"exec.{connector}.v1"),
+                "AGENTLEDGER_EXECUTOR_GROUP_ID": f"executor-{connector}-{tag}",
+                "AGENTLEDGER_EXECUTOR_CRM_URL": crm.url,
+                "AGENTLEDGER_EXECUTOR_PARTITIONS": "3",
+                "AGENTLEDGER_EXECUTOR_WRITE_TOKENS": json.dumps({connector: {tenant: tokens["write"]}}),
+                **(executor_env or {})},
+                processes.group_has_members(bootstrap, f"executor-{connector}-{tag}"))
+        start("reconciler", "agentledger.services.reconciler", {
+            "AGENTLEDGER_RECONCILER_CRM_URL": crm.url, "AGENTLEDGER_RECONCILER_PERIOD_S": "1",
+            "AGENTLEDGER_RECONCILER_LOOKUP_TOKENS": json.dumps({"crm": {tenant: tokens["lookup"]}})},
+            lambda: "event=reconciler_started" in (logs / "reconciler.log").read_text(errors="replace"))
+        yield p

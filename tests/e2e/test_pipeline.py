@@ -1,0 +1,83 @@
+"""Proposal on Kafka → admission → ledger + outbox → relay → executor → CRM effect → outcome.
+
+Every piece is a real process; assertions are on the ledger, the CRM's effect log and the
+records on the topics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.e2e.pipeline import Pipeline, pipeline
+from tests.helpers import wait_until
+from tests.stack import Stack
+
+
+@pytest.fixture(scope="module")
+def world(stack: Stack, database_url: str, make_database: Callable[[], str],
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    with pipeline(stack.kafka_bootstrap, database_url, make_database(),
+                  tmp_path_factory.mktemp("e2e")) as p:
+        yield p
+
+
+def effects(p: Pipeline, kind: str) -> list[dict[str, Any]]:
+    return [e for e in asyncio.run(p.crm.effects(p.tenant)) if e["kind"] == kind]
+
+
+def test_note_flows_through_every_service_once(world: Pipeline) -> None:
+    op = world.propose("crm.note.create", {"body": "call back on Monday"})
+    _, receipt = world.wait_state(op, "succeeded")
+    assert receipt is not None and receipt.startswith("crm:note:")
+    notes = [e for e in effects(world, "note.created") if e["idempotency_key"] == str(op)]
+    assert len(notes) == 1
+    outcomes = world.read("agent.outcomes.v1", lambda v: v.get("operation_id") == str(op))
+    assert outcomes[0]["outcome"] == {"state": "succeeded", "receipt": receipt}
+    audit = world.read("audit.events.v1", lambda v: v.get("operation_id") == str(op)
+                       and v.get("state") == "succeeded")
+    assert audit, "the audit topic carries the outcome"
+
+
+def test_the_same_exec_record_delivered_five_times_makes_one_effect(world: Pipeline) -> None:
+    op = world.propose("crm.note.create", {"body": "only once"})
+    world.wait_state(op, "succeeded")
+    producer = world.producer()
+    record = json.dumps({"tenant_id": world.tenant, "operation_id": str(op),
+                         "type": "command.admitted"}).encode()
+    for _ in range(5):
+        producer.produce(world.topic("exec.crm.v1"), key=f"{world.tenant}:{op}".encode(), value=record)
+    assert producer.flush(15) == 0
+    marker = uuid.uuid4()  # a later command on the same topic proves the five were consumed
+    later = world.propose("crm.note.create", {"body": f"after the duplicates {marker}"})
+    world.wait_state(later, "succeeded")
+    assert len([e for e in effects(world, "note.created") if e["idempotency_key"] == str(op)]) == 1
+    assert "event=exec_skipped" in world.services["executor-crm"].log.read_text()
+
+
+def test_refund_with_a_lost_answer_is_unknown_never_success(world: Pipeline) -> None:
+    asyncio.run(world.crm.arm({"match": {"method": "POST", "path_prefix": "/v1/refunds"},
+                               "action": "drop_after_commit", "times": 1}))
+    op = world.propose("billing.refund.create", {"invoice_id": "inv-1", "amount_minor": 1999,
+                                                 "currency": "EUR", "reason": "late delivery"})
+    state, receipt = world.wait_state(op, "unknown", "succeeded")
+    assert (state, receipt) == ("unknown", None)
+    assert len(effects(world, "refund.created")) == 1
+    # The reconciler keeps it unknown: billing can't be looked up and is never resent.
+    assert not wait_until(lambda: world.state(op) != ("unknown", None), timeout=3)
+    assert len(effects(world, "refund.created")) == 1
+
+
+def test_poison_exec_record_goes_to_the_dlq_and_does_not_stall(world: Pipeline) -> None:
+    producer = world.producer()
+    producer.produce(world.topic("exec.crm.v1"), key=b"k", value=b'{"not": "an exec request"}')
+    assert producer.flush(15) == 0
+    dead = world.read("exec.crm.dlq.v1", lambda v: v.get("error_code") == "poison_message")
+    assert dead and dead[0]["source_topic"] == world.topic("exec.crm.v1")
+    op = world.propose("crm.note.create", {"body": "after the poison"})
+    assert world.wait_state(op, "succeeded")[0] == "succeeded"
