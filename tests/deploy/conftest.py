@@ -1,0 +1,18 @@
+"""The deploy tier: manifests, compose file and image checked offline; Debezium against the stack."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Registered here rather than in pyproject.toml so this tier stays self-contained.
+    config.addinivalue_line(
+        "markers", "deploy: checks of the deployment artefacts (Dockerfile, compose, k8s, Debezium)"
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "/deploy/" in str(item.path):
+            item.add_marker(pytest.mark.deploy)
