@@ -161,3 +161,24 @@ class BudgetExhausted(AgentLedgerError):
 
     # Not retryable: the model cannot negotiate another attempt; only a new budget helps.
     code = "budget_exhausted"
+
+
+# --- approvals (R2) ------------------------------------------------------------------------
+
+
+class ApprovalNotFound(AgentLedgerError):
+    """No such approval request in this tenant."""
+
+    code = "approval_not_found"
+
+
+class ApprovalExpired(AgentLedgerError):
+    """The approval request expired; a new proposal and a new decision are needed."""
+
+    code = "approval_expired"
+
+
+class ApprovalMismatch(ValidationFailed):
+    """The approver was shown another command than the one pending: nothing was decided."""
+
+    code = "approval_mismatch"

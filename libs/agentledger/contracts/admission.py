@@ -7,7 +7,7 @@ from pydantic import model_validator
 from agentledger import errors
 from agentledger.contracts import commands, common, outcomes
 
-AdmissionStatus = Literal["admitted", "replayed", "conflict", "rejected"]
+AdmissionStatus = Literal["admitted", "replayed", "conflict", "rejected", "pending_approval"]
 
 
 class AdmissionResultV1(common.Contract):
@@ -22,6 +22,9 @@ class AdmissionResultV1(common.Contract):
         reason_code: The ``errors.AgentLedgerError.code`` for conflicts and rejections.
         reason: Its human-readable message.
         allowlist_version: The allowlist the action was checked against (R1.2).
+        approval_id: For ``pending_approval``: the request a person must decide (R2.8).
+        decision_id: The persisted policy decision, when policy was asked (R2.9).
+        policy_version: The version of the policy that decided.
     """
 
     proposal_id: common.Uuid | None = None
@@ -33,6 +36,9 @@ class AdmissionResultV1(common.Contract):
     reason_code: common.ErrorCode | None = None
     reason: common.Reason | None = None
     allowlist_version: common.VersionTag | None = None
+    approval_id: common.Uuid | None = None
+    decision_id: common.Uuid | None = None
+    policy_version: common.VersionTag | None = None
     decided_at: common.Timestamp
 
     @model_validator(mode="after")
@@ -42,6 +48,9 @@ class AdmissionResultV1(common.Contract):
                 raise ValueError(f"{self.status} needs tenant_id, operation_id and state")
             if self.reason_code is not None:
                 raise ValueError(f"{self.status} carries no reason_code")
+        elif self.status == "pending_approval":
+            if self.approval_id is None or self.tenant_id is None or self.operation_id is None:
+                raise ValueError("pending_approval needs approval_id, tenant_id and operation_id")
         elif self.reason_code is None or self.reason is None:
             raise ValueError(f"{self.status} needs reason_code and reason")
         return self

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -136,9 +136,52 @@ async def append_event(
     )
 
 
+async def admit_in(
+    tx: Conn, cmd: NewCommand, *, audit: Mapping[str, Any] | None = None
+) -> AdmitResult:
+    """The admission statements, inside the caller's tenant-bound transaction.
+
+    For callers that must admit atomically with other writes (an approval's decision);
+    everyone else calls :func:`admit`.
+    """
+    inserted = await tx.fetchval(
+        Q["admit_command"],
+        cmd.tenant_id, cmd.operation_id, cmd.request_hash, cmd.principal_id, cmd.action,
+        cmd.connector, cmd.resource_id, cmd.expected_revision, cmd.decision_id,
+        cmd.policy_version, cmd.allowlist_version, cmd.expires_at, cmd.payload_ciphertext,
+        cmd.payload_key_version, cmd.traceparent, cmd.tracestate,
+    )
+    row = await tx.fetchrow(Q["recorded_command"], cmd.tenant_id, cmd.operation_id)
+    if row is None:  # impossible unless row security hides our own tenant's row
+        raise errors.StorageError("admitted command is not visible to its own tenant")
+    recorded = Recorded.from_row(row)
+    status: AdmitStatus
+    if inserted:
+        status = "admitted"
+    elif hmac.compare_digest(recorded.request_hash, cmd.request_hash):
+        status = "replayed"
+    else:
+        status = "conflict"
+    await append_event(
+        tx, tenant_id=cmd.tenant_id, operation_id=cmd.operation_id, family="audit",
+        type=f"command.{status}",
+        payload={
+            "operation_id": str(cmd.operation_id), "principal_id": cmd.principal_id,
+            "action": cmd.action, "connector": cmd.connector,
+            "submitted_hash": cmd.request_hash.hex(),
+            "recorded_hash": recorded.request_hash.hex(), "state": recorded.state,
+            "decision_id": str(cmd.decision_id), "policy_version": cmd.policy_version,
+            "allowlist_version": cmd.allowlist_version, **(audit or {}),
+        },
+        traceparent=cmd.traceparent, tracestate=cmd.tracestate,
+    )
+    return AdmitResult(status, recorded)
+
+
 async def admit(
     conn: Conn, cmd: NewCommand, *, audit: Mapping[str, Any] | None = None,
     timeout: float = DEFAULT_TX_TIMEOUT_S,
+    also: Callable[[Conn, AdmitResult], Awaitable[None]] | None = None,
 ) -> AdmitResult:
     """Admit a command once (SPEC R4.1-R4.3).
 
@@ -150,40 +193,14 @@ async def admit(
         conn: a connection whose role may admit (``agentledger_admission`` or an owner).
         cmd: the command to admit.
         audit: extra, non-sensitive fields for the audit event (no payload, no prompt).
+        also: more writes for the same transaction (e.g. the policy decision), given the
+            transaction and the result.
     """
     async with transaction(conn, cmd.tenant_id, timeout=timeout) as tx:
-        inserted = await tx.fetchval(
-            Q["admit_command"],
-            cmd.tenant_id, cmd.operation_id, cmd.request_hash, cmd.principal_id, cmd.action,
-            cmd.connector, cmd.resource_id, cmd.expected_revision, cmd.decision_id,
-            cmd.policy_version, cmd.allowlist_version, cmd.expires_at, cmd.payload_ciphertext,
-            cmd.payload_key_version, cmd.traceparent, cmd.tracestate,
-        )
-        row = await tx.fetchrow(Q["recorded_command"], cmd.tenant_id, cmd.operation_id)
-        if row is None:  # impossible unless row security hides our own tenant's row
-            raise errors.StorageError("admitted command is not visible to its own tenant")
-        recorded = Recorded.from_row(row)
-        status: AdmitStatus
-        if inserted:
-            status = "admitted"
-        elif hmac.compare_digest(recorded.request_hash, cmd.request_hash):
-            status = "replayed"
-        else:
-            status = "conflict"
-        await append_event(
-            tx, tenant_id=cmd.tenant_id, operation_id=cmd.operation_id, family="audit",
-            type=f"command.{status}",
-            payload={
-                "operation_id": str(cmd.operation_id), "principal_id": cmd.principal_id,
-                "action": cmd.action, "connector": cmd.connector,
-                "submitted_hash": cmd.request_hash.hex(),
-                "recorded_hash": recorded.request_hash.hex(), "state": recorded.state,
-                "decision_id": str(cmd.decision_id), "policy_version": cmd.policy_version,
-                "allowlist_version": cmd.allowlist_version, **(audit or {}),
-            },
-            traceparent=cmd.traceparent, tracestate=cmd.tracestate,
-        )
-    return AdmitResult(status, recorded)
+        result = await admit_in(tx, cmd, audit=audit)
+        if also is not None:
+            await also(tx, result)
+    return result
 
 
 async def recorded(conn: Conn, tenant_id: UUID, operation_id: UUID) -> Recorded:

@@ -10,6 +10,7 @@ from sqlalchemy import (
     BigInteger,
     Column,
     DateTime,
+    ForeignKey,
     ForeignKeyConstraint,
     Integer,
     LargeBinary,
@@ -214,3 +215,40 @@ budget_reservation = Table(
         ["budget.tenant_id", "budget.workflow_id", "budget.kind"],
     ),
 )
+
+
+# --- approvals (migration 0005) -----------------------------------------------------------
+
+approval_request = Table(
+    "approval_request",
+    metadata,
+    Column("approval_id", UUID(as_uuid=True), primary_key=True),
+    Column("tenant_id", UUID(as_uuid=True), nullable=False),
+    Column("operation_id", UUID(as_uuid=True), nullable=False),
+    Column("proposal_id", UUID(as_uuid=True), nullable=False),
+    Column("principal_id", Text, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("connector", Text, nullable=False),
+    Column("resource_id", Text, nullable=False),
+    Column("expected_revision", Text),
+    Column("request_hash", LargeBinary, nullable=False),
+    Column("payload_ciphertext", LargeBinary, nullable=False),
+    Column("payload_key_version", Integer, nullable=False),
+    Column("policy_version", Text, nullable=False),
+    Column("allowlist_version", Text, nullable=False),
+    Column("decision_id", UUID(as_uuid=True), nullable=False),
+    Column("risk", Text, nullable=False),
+    Column("evidence", JSONB, nullable=False, server_default=text("'[]'")),
+    Column("state", Text, nullable=False, server_default=text("'pending'")),
+    _ts("expires_at", nullable=False),
+    _ts("created_at", nullable=False, default_now=True),
+    Column("decided_by", Text),
+    _ts("decided_at"),
+    Column("decision_reason", Text),
+    Column("approval_decision_id", UUID(as_uuid=True)),
+    Column("shown_hash", LargeBinary),
+    Column("superseded_by", UUID(as_uuid=True), ForeignKey("approval_request.approval_id")),
+    Column("traceparent", Text),
+    Column("tracestate", Text),
+)
+

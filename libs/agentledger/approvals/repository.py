@@ -1,0 +1,299 @@
+"""Approval requests in Postgres: the only code that runs ``queries.sql``.
+
+A pending request is a row, not a lock or an open transaction (R2.8). Approving runs the
+admission statements for exactly the bound hash in the same transaction as the decision, so
+an approval is never used for another payload, target revision or policy (R2.5).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+from uuid import UUID
+
+from agentledger import errors, sql
+from agentledger.ledger import repository as ledger
+from agentledger.policy import decision as decision_mod
+
+Q = sql.load(Path(__file__).with_name("queries.sql"))
+
+State = Literal["pending", "approved", "denied", "expired", "superseded"]
+Also = Callable[[ledger.Conn], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class NewApproval:
+    """A command that policy says needs a human, as admission validated and encrypted it."""
+
+    tenant_id: UUID
+    operation_id: UUID
+    proposal_id: UUID
+    principal_id: str
+    action: str
+    connector: str
+    resource_id: str
+    expected_revision: str | None
+    request_hash: bytes
+    payload_ciphertext: bytes
+    payload_key_version: int
+    policy_version: str
+    allowlist_version: str
+    decision_id: UUID
+    risk: str
+    evidence: Sequence[Mapping[str, Any]]
+    expires_at: datetime
+    traceparent: str | None = None
+    tracestate: str | None = None
+
+
+@dataclass(frozen=True)
+class Approval:
+    """An approval request as stored."""
+
+    approval_id: UUID
+    tenant_id: UUID
+    operation_id: UUID
+    proposal_id: UUID
+    principal_id: str
+    action: str
+    connector: str
+    resource_id: str
+    expected_revision: str | None
+    request_hash: bytes
+    payload_ciphertext: bytes
+    payload_key_version: int
+    policy_version: str
+    allowlist_version: str
+    decision_id: UUID
+    risk: str
+    evidence: list[dict[str, Any]]
+    state: State
+    expires_at: datetime
+    created_at: datetime
+    decided_by: str | None
+    decided_at: datetime | None
+    decision_reason: str | None
+    approval_decision_id: UUID | None
+    shown_hash: bytes | None
+    superseded_by: UUID | None
+    traceparent: str | None
+    tracestate: str | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> Approval:
+        fields = {f: row[f] for f in cls.__dataclass_fields__}
+        fields["evidence"] = json.loads(row["evidence"])
+        fields["request_hash"] = bytes(row["request_hash"])
+        fields["payload_ciphertext"] = bytes(row["payload_ciphertext"])
+        return cls(**fields)
+
+    @property
+    def hash_hex(self) -> str:
+        return self.request_hash.hex()
+
+    def expired(self, now: datetime | None = None) -> bool:
+        return self.expires_at <= (now or datetime.now(UTC))
+
+
+@dataclass(frozen=True)
+class Requested:
+    """What asking for approval did.
+
+    ``pending``: a request waits for a decision (new, or the same one again); ``admitted``:
+    the intent already has a command with this hash (a replay); ``conflict``: it has one
+    with another hash.
+    """
+
+    status: Literal["pending", "admitted", "conflict"]
+    approval: Approval | None = None
+    recorded: ledger.Recorded | None = None
+    superseded: UUID | None = None
+
+
+async def _audit(tx: ledger.Conn, a: Approval, type: str, **extra: Any) -> None:
+    await ledger.append_event(
+        tx, tenant_id=a.tenant_id, operation_id=a.operation_id, family="audit", type=type,
+        payload={"operation_id": str(a.operation_id), "approval_id": str(a.approval_id),
+                 "action": a.action, "principal_id": a.principal_id,
+                 "request_hash": a.hash_hex, "policy_version": a.policy_version,
+                 "expires_at": a.expires_at.isoformat(), **extra},
+        traceparent=a.traceparent, tracestate=a.tracestate,
+    )
+
+
+async def request(conn: ledger.Conn, new: NewApproval, *, also: Also | None = None) -> Requested:
+    """Persist a request for approval (or recognise it), in one short transaction.
+
+    A pending request with another hash for the same intent is superseded by this one; an
+    intent that already has a command is answered from the ledger.
+    """
+    async with ledger.transaction(conn, new.tenant_id) as tx:
+        existing = await tx.fetchrow(ledger.Q["recorded_command"], new.tenant_id,
+                                     new.operation_id)
+        if existing is not None:
+            recorded = ledger.Recorded.from_row(existing)
+            same = hmac.compare_digest(recorded.request_hash, new.request_hash)
+            return Requested("admitted" if same else "conflict", recorded=recorded)
+        pending_row = await tx.fetchrow(Q["pending_for_operation"], new.tenant_id,
+                                        new.operation_id)
+        superseded = None
+        if pending_row is not None:
+            pending = Approval.from_row(pending_row)
+            if hmac.compare_digest(pending.request_hash, new.request_hash):
+                return Requested("pending", approval=pending)
+            superseded = pending.approval_id
+        approval_id = uuid.uuid4()
+        if superseded is not None:
+            await tx.execute(Q["supersede"], new.tenant_id, superseded, "system:revision",
+                             "a revised proposal replaced it; it needs its own decision",
+                             approval_id)
+        row = await tx.fetchrow(
+            Q["insert_request"], approval_id, new.tenant_id, new.operation_id, new.proposal_id,
+            new.principal_id, new.action, new.connector, new.resource_id, new.expected_revision,
+            new.request_hash, new.payload_ciphertext, new.payload_key_version,
+            new.policy_version, new.allowlist_version, new.decision_id, new.risk,
+            json.dumps(list(new.evidence), default=str), new.expires_at, new.traceparent,
+            new.tracestate,
+        )
+        created = Approval.from_row(row)
+        if superseded is not None:
+            await _audit(tx, created, "approval.superseded", superseded=str(superseded))
+        await _audit(tx, created, "approval.requested", risk=new.risk)
+        if also is not None:
+            await also(tx)
+    return Requested("pending", approval=created, superseded=superseded)
+
+
+async def get(conn: ledger.Conn, tenant_id: UUID, approval_id: UUID) -> Approval:
+    """One request of this tenant.
+
+    Raises:
+        ApprovalNotFound: none with this id in this tenant (another tenant's looks the same).
+    """
+    async with ledger.transaction(conn, tenant_id) as tx:
+        row = await tx.fetchrow(Q["get_request"], tenant_id, approval_id)
+    if row is None:
+        raise errors.ApprovalNotFound(approval_id=str(approval_id))
+    return Approval.from_row(row)
+
+
+async def listing(
+    conn: ledger.Conn, tenant_id: UUID, state: State = "pending", *, limit: int = 200
+) -> list[Approval]:
+    """A tenant's requests in one state, oldest first."""
+    async with ledger.transaction(conn, tenant_id) as tx:
+        rows = await tx.fetch(Q["list_requests"], tenant_id, state, limit)
+    return [Approval.from_row(r) for r in rows]
+
+
+async def history(conn: ledger.Conn, tenant_id: UUID, operation_id: UUID) -> list[Approval]:
+    """Every request an intent has had, oldest first."""
+    async with ledger.transaction(conn, tenant_id) as tx:
+        rows = await tx.fetch(Q["requests_for_operation"], tenant_id, operation_id)
+    return [Approval.from_row(r) for r in rows]
+
+
+_UNCHANGED = object()
+
+
+async def decide(
+    conn: ledger.Conn, tenant_id: UUID, approval_id: UUID, *, approver: str, approve: bool,
+    shown_hash: str, reason: str, approver_decision: decision_mod.Decision | None,
+    current_revision: str | None | object = _UNCHANGED, requires_revision: bool = False,
+    also: Also | None = None,
+) -> tuple[Approval, ledger.AdmitResult | None]:
+    """Approve or deny one pending request.
+
+    Approving admits exactly the bound hash in this transaction (ledger row + outbox row +
+    audit), with the approval's decision id and expiry on the command: a command still
+    queued when the approval expires is ``expired`` at dispatch.
+
+    Args:
+        shown_hash: the hex hash the approver was shown; it must be the request's.
+        approver_decision: the policy's answer to "may this approver approve this?" (deny
+            refuses the approval; required to approve).
+        current_revision: the target's revision as the console just read it; when the
+            action requires a revision and it differs, the request is superseded.
+        also: more writes for the transaction (the decision record).
+
+    Raises:
+        ApprovalNotFound, ApprovalMismatch, ApprovalExpired, StaleRevision, PolicyDenied,
+        InvalidTransition (not pending), IdempotencyConflict.
+    """
+    late: errors.AgentLedgerError | None = None
+    admitted: ledger.AdmitResult | None = None
+    async with ledger.transaction(conn, tenant_id) as tx:
+        row = await tx.fetchrow(Q["lock_request"], tenant_id, approval_id)
+        if row is None:
+            raise errors.ApprovalNotFound(approval_id=str(approval_id))
+        pending = Approval.from_row(row)
+        if pending.state != "pending":
+            raise errors.InvalidTransition(f"this request is already {pending.state}",
+                                           state=pending.state)
+        if not hmac.compare_digest(pending.hash_hex, shown_hash.strip().lower()):
+            raise errors.ApprovalMismatch("the command shown is not the command pending")
+        if pending.expired():
+            closed = await tx.fetchrow(Q["close_request"], tenant_id, approval_id, "expired",
+                                       "system:expiry", "no decision before it expired", None,
+                                       None)
+            await _audit(tx, Approval.from_row(closed), "approval.expired")
+            late = errors.ApprovalExpired("this approval expired; the agent must propose again")
+        elif (requires_revision and current_revision is not _UNCHANGED
+              and current_revision != pending.expected_revision):
+            await tx.execute(Q["supersede"], tenant_id, approval_id, "system:revision",
+                             "the target record changed since the proposal", None)
+            await _audit(tx, pending, "approval.superseded", reason="target revision changed")
+            late = errors.StaleRevision(
+                "the record changed since the proposal; a new proposal and decision are needed")
+        elif approve and (approver_decision is None or approver_decision.effect != "allow"):
+            if also is not None:
+                await also(tx)
+            raise errors.PolicyDenied(
+                approver_decision.reason if approver_decision else "no approver decision")
+        else:
+            state: State = "approved" if approve else "denied"
+            closed = await tx.fetchrow(
+                Q["close_request"], tenant_id, approval_id, state, approver, reason[:500],
+                approver_decision.decision_id if approver_decision else None,
+                bytes.fromhex(pending.hash_hex),
+            )
+            decided = Approval.from_row(closed)
+            await _audit(tx, decided, f"approval.{state}", decided_by=approver,
+                         reason=reason[:500])
+            if also is not None:
+                await also(tx)
+            if approve:
+                assert approver_decision is not None
+                admitted = await ledger.admit_in(tx, ledger.NewCommand(
+                    tenant_id=tenant_id, operation_id=pending.operation_id,
+                    request_hash=pending.request_hash, principal_id=pending.principal_id,
+                    action=pending.action, connector=pending.connector,
+                    resource_id=pending.resource_id,
+                    expected_revision=pending.expected_revision,
+                    decision_id=approver_decision.decision_id,
+                    policy_version=approver_decision.policy_version,
+                    allowlist_version=pending.allowlist_version,
+                    expires_at=pending.expires_at,
+                    payload_ciphertext=pending.payload_ciphertext,
+                    payload_key_version=pending.payload_key_version,
+                    traceparent=pending.traceparent, tracestate=pending.tracestate,
+                ), audit={"approval_id": str(approval_id), "approved_by": approver})
+                if admitted.status == "conflict":
+                    raise errors.IdempotencyConflict(
+                        "the intent was admitted with another payload; nothing was approved")
+            return decided, admitted
+    assert late is not None
+    raise late
+
+
+async def expire_due(conn: ledger.Conn, *, limit: int = 500) -> list[tuple[UUID, UUID]]:
+    """Expire pending requests past their expiry across tenants (the reconciler's sweep)."""
+    async with ledger.transaction(conn, None) as tx:
+        rows = await tx.fetch(Q["expire_due"], limit)
+    return [(r["tenant_id"], r["approval_id"]) for r in rows]
