@@ -1,37 +1,52 @@
 """Admission: the only place that turns a proposal into an approved, persisted command (R1.6).
 
-Order of checks: shadow runs are refused; the action must be on the versioned allowlist; the
-arguments must satisfy its closed schema; the target must resolve inside the tenant at the
-expected revision; the policy must allow it. Only then is the request hash computed over the
-validated fields, the payload encrypted, and the command admitted once into the ledger and
-outbox in one transaction.
+Order of checks: the identity envelope signed by ingress must verify and bind the proposal's
+tenant, principal and operation id (R1.1); shadow runs are refused (R9.2); the action must be
+on the versioned allowlist (R1.2) and its arguments satisfy the closed schema (R1.3); the
+target must resolve inside the tenant at the expected revision (R1.4); the current policy
+decides allow / require approval / deny, and the decision is persisted (R2.9). Then the
+request hash is computed over the validated fields (R2.2), the payload is encrypted (R3.6),
+and the command is admitted once (R4) — or persisted as a pending approval request (R2.8).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
 
-from agentledger import canonical, errors
+from agentledger import budgets, canonical, errors, identity
+from agentledger.approvals import repository as approvals
 from agentledger.contracts import admission as admission_contract
 from agentledger.contracts import common, outcomes
 from agentledger.contracts.proposals import ProposalV1
 from agentledger.ledger import keys, repository
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import decision as decision_mod
+from agentledger.policy import repository as policy_repo
 from agentledger.resources import Resolver
 
 AdmissionResultV1 = admission_contract.AdmissionResultV1
 
-# How long an admitted command stays dispatchable; a command still queued after this is
+# How long a decision stays valid: an auto-approved command still queued after this is
 # `expired` at dispatch, never executed on a stale decision (R2.6).
 DEFAULT_DECISION_TTL = timedelta(minutes=15)
+# How long a person has to decide, and how long an approved command stays dispatchable.
+DEFAULT_APPROVAL_TTL = timedelta(hours=1)
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class _Checked:
+    spec: allowlist_mod.ActionSpec
+    arguments: dict[str, Any]
+    workflow_id: str | None
 
 
 @dataclass
@@ -41,9 +56,14 @@ class Admitter:
     pool: asyncpg.Pool
     allowlist: allowlist_mod.Allowlist
     resolver: Resolver
-    policy: decision_mod.Policy
+    authorizer: decision_mod.Authorizer
     cipher: keys.PayloadCipher
+    # Ingress's public keys; None only where identity is bound some other way (library tests).
+    envelope_keys: identity.KeySet | None = None
+    # Per-request budget opened on first use (R7): e.g. {"tool_calls": 10}.
+    budget_limits: Mapping[budgets.Kind, int] = field(default_factory=dict)
     decision_ttl: timedelta = DEFAULT_DECISION_TTL
+    approval_ttl: timedelta = DEFAULT_APPROVAL_TTL
 
     async def admit(
         self, proposal: ProposalV1, *, trace: common.TraceContext | None = None
@@ -51,58 +71,97 @@ class Admitter:
         """Check and admit one proposal.
 
         Returns:
-            ``admitted``, ``replayed`` (with the recorded state and outcome), ``conflict`` or
-            ``rejected`` (with the error's code and message). Nothing is written for a
-            rejection; a conflict is audited and changes nothing.
+            ``admitted``, ``replayed`` (with the recorded state and outcome),
+            ``pending_approval`` (a person must decide), ``conflict`` or ``rejected`` (with
+            the error's code and message). A rejection writes no command; a policy denial
+            writes its decision record, a conflict its audit event.
 
         Raises:
-            StorageError: a retryable database failure; the caller redelivers.
+            StorageError: a retryable database or resolver failure; the caller redelivers.
         """
-        base = {"proposal_id": proposal.proposal_id, "tenant_id": proposal.tenant_id,
-                "operation_id": proposal.operation_id,
-                "allowlist_version": self.allowlist.version}
+        base: dict[str, Any] = {
+            "proposal_id": proposal.proposal_id, "tenant_id": proposal.tenant_id,
+            "operation_id": proposal.operation_id, "allowlist_version": self.allowlist.version}
         try:
-            command = await self._check(proposal)
-        except errors.ValidationFailed as exc:
+            checked = await self._check(proposal)
+        except (errors.ValidationFailed, errors.IdentityRejected, errors.ShadowRefused) as exc:
             return AdmissionResultV1.refused(exc, decided_at=_now(), **base)
-        except (errors.PolicyDenied, errors.ShadowRefused) as exc:
-            return AdmissionResultV1.refused(exc, decided_at=_now(), **base)
-        spec, arguments, decision = command
-        request_hash = canonical.request_hash(
-            tenant_id=proposal.tenant_id, principal_id=proposal.principal_id,
-            action=spec.name, target=proposal.target, arguments=arguments,
-            expected_revision=proposal.expected_revision,
-        )
+        spec, arguments = checked.spec, checked.arguments
         async with self.pool.acquire() as conn:
+            decision = await self.authorizer.authorize(
+                conn, tenant_id=proposal.tenant_id, principal_id=proposal.principal_id,
+                action=spec, resource_id=proposal.target, arguments=arguments)
+            base |= {"decision_id": decision.decision_id,
+                     "policy_version": decision.policy_version}
+
+            async def record(tx: repository.Conn) -> None:
+                await policy_repo.record_decision(
+                    tx, decision, tenant_id=proposal.tenant_id,
+                    principal_id=proposal.principal_id, action=spec.name,
+                    resource_id=proposal.target, operation_id=proposal.operation_id)
+
+            if decision.effect == "deny":
+                async with repository.transaction(conn, proposal.tenant_id) as tx:
+                    await record(tx)
+                return AdmissionResultV1.refused(
+                    errors.PolicyDenied(decision.reason), decided_at=_now(), **base)
+            request_hash = canonical.request_hash(
+                tenant_id=proposal.tenant_id, principal_id=proposal.principal_id,
+                action=spec.name, target=proposal.target, arguments=arguments,
+                expected_revision=proposal.expected_revision)
             ciphertext, key_version = await self.cipher.encrypt(
                 conn, proposal.tenant_id, proposal.operation_id,
-                canonical.canonical_bytes(arguments),
-            )
-            result = await repository.admit(conn, repository.NewCommand(
-                tenant_id=proposal.tenant_id, operation_id=proposal.operation_id,
-                request_hash=request_hash, principal_id=proposal.principal_id,
-                action=spec.name, connector=spec.connector, resource_id=proposal.target,
-                expected_revision=proposal.expected_revision,
-                decision_id=decision.decision_id, policy_version=decision.policy_version,
-                allowlist_version=self.allowlist.version,
-                expires_at=_now() + self.decision_ttl,
-                payload_ciphertext=ciphertext, payload_key_version=key_version,
-                traceparent=trace.traceparent if trace else None,
-                tracestate=trace.tracestate if trace else None,
-            ), audit={"proposal_id": str(proposal.proposal_id),
-                      "planner": proposal.planner.name, "risk": spec.risk})
+                canonical.canonical_bytes(arguments))
+            if decision.effect == "require_approval":
+                return await self._request_approval(
+                    conn, proposal, spec, decision, request_hash, ciphertext, key_version,
+                    trace, record, base)
+            reservation = await self._reserve(conn, proposal, checked.workflow_id)
+            if isinstance(reservation, errors.BudgetExhausted):
+                return AdmissionResultV1.refused(reservation, decided_at=_now(), **base)
+            try:
+                result = await repository.admit(conn, repository.NewCommand(
+                    tenant_id=proposal.tenant_id, operation_id=proposal.operation_id,
+                    request_hash=request_hash, principal_id=proposal.principal_id,
+                    action=spec.name, connector=spec.connector, resource_id=proposal.target,
+                    expected_revision=proposal.expected_revision,
+                    decision_id=decision.decision_id, policy_version=decision.policy_version,
+                    allowlist_version=self.allowlist.version,
+                    expires_at=_now() + self.decision_ttl,
+                    payload_ciphertext=ciphertext, payload_key_version=key_version,
+                    traceparent=trace.traceparent if trace else None,
+                    tracestate=trace.tracestate if trace else None,
+                ), audit={"proposal_id": str(proposal.proposal_id),
+                          "planner": proposal.planner.name, "risk": spec.risk},
+                    also=lambda tx, _: record(tx))
+            except BaseException:
+                if reservation is not None:
+                    await budgets.release(conn, reservation)
+                raise
+            if reservation is not None:
+                # The tool call is spent by the first admission only; a replay spends nothing.
+                if result.status == "admitted":
+                    await budgets.commit(conn, reservation, 1)
+                else:
+                    await budgets.release(conn, reservation)
         if result.status == "conflict":
             return AdmissionResultV1.refused(errors.IdempotencyConflict(
                 "operation id already bound to a different request; nothing was changed",
             ), decided_at=_now(), **base)
         return AdmissionResultV1(
             **base, status=result.status, state=result.recorded.state,
-            outcome=recorded_outcome(result.recorded, proposal), decided_at=_now(),
-        )
+            outcome=recorded_outcome(result.recorded, proposal), decided_at=_now())
 
-    async def _check(
-        self, proposal: ProposalV1
-    ) -> tuple[allowlist_mod.ActionSpec, dict[str, object], decision_mod.Decision]:
+    async def _check(self, proposal: ProposalV1) -> _Checked:
+        workflow_id = None
+        if self.envelope_keys is not None:
+            if proposal.identity is None:
+                raise errors.IdentityRejected("the proposal carries no identity envelope")
+            found = identity.verify_envelope(proposal.identity, self.envelope_keys)
+            identity.check_bound(found, tenant_id=proposal.tenant_id,
+                                 principal_id=proposal.principal_id,
+                                 operation_id=proposal.operation_id)
+            workflow_id = str(found.request_id)
         if proposal.shadow:
             raise errors.ShadowRefused("shadow proposals are recorded, never admitted")
         spec = self.allowlist.get(proposal.action)
@@ -113,20 +172,57 @@ class Admitter:
             # The model must not aim at one record and write to another.
             raise errors.InvalidArguments(
                 "arguments name a different customer than the proposal's target",
-                violations=[{"path": "/arguments/customer_id", "message": "must equal target"}],
-            )
+                violations=[{"path": "/arguments/customer_id", "message": "must equal target"}])
         resource = await self.resolver.resolve(proposal.tenant_id, spec.connector, proposal.target)
         if spec.requires_revision and resource.revision != proposal.expected_revision:
             raise errors.StaleRevision(
-                "the target changed since it was read; plan again on the current record"
-            )
-        decision = self.policy.decide(
-            tenant_id=proposal.tenant_id, principal_id=proposal.principal_id, action=spec,
-            resource_id=proposal.target,
-        )
-        if decision.effect == "deny":
-            raise errors.PolicyDenied(decision.reason, policy_version=decision.policy_version)
-        return spec, arguments, decision
+                "the target changed since it was read; plan again on the current record")
+        return _Checked(spec, arguments, workflow_id)
+
+    async def _reserve(
+        self, conn: repository.Conn, proposal: ProposalV1, workflow_id: str | None
+    ) -> budgets.Reservation | errors.BudgetExhausted | None:
+        """Reserve one tool call of the request's budget (R7.2); None when unbudgeted."""
+        if workflow_id is None or "tool_calls" not in self.budget_limits:
+            return None
+        await budgets.open(conn, proposal.tenant_id, workflow_id, self.budget_limits, None)
+        try:
+            return await budgets.reserve(conn, proposal.tenant_id, workflow_id, "tool_calls", 1,
+                                         operation_id=proposal.operation_id)
+        except errors.BudgetExhausted as exc:
+            return exc
+
+    async def _request_approval(
+        self, conn: repository.Conn, proposal: ProposalV1, spec: allowlist_mod.ActionSpec,
+        decision: decision_mod.Decision, request_hash: bytes, ciphertext: bytes,
+        key_version: int, trace: common.TraceContext | None,
+        record: Any, base: dict[str, Any],
+    ) -> AdmissionResultV1:
+        requested = await approvals.request(conn, approvals.NewApproval(
+            tenant_id=proposal.tenant_id, operation_id=proposal.operation_id,
+            proposal_id=proposal.proposal_id, principal_id=proposal.principal_id,
+            action=spec.name, connector=spec.connector, resource_id=proposal.target,
+            expected_revision=proposal.expected_revision, request_hash=request_hash,
+            payload_ciphertext=ciphertext, payload_key_version=key_version,
+            policy_version=decision.policy_version, allowlist_version=self.allowlist.version,
+            decision_id=decision.decision_id, risk=spec.risk,
+            evidence=[e.model_dump(mode="json") for e in proposal.evidence],
+            expires_at=_now() + self.approval_ttl,
+            traceparent=trace.traceparent if trace else None,
+            tracestate=trace.tracestate if trace else None,
+        ), also=record)
+        if requested.status == "conflict":
+            return AdmissionResultV1.refused(errors.IdempotencyConflict(
+                "operation id already bound to a different request; nothing was changed",
+            ), decided_at=_now(), **base)
+        if requested.status == "admitted":
+            assert requested.recorded is not None
+            return AdmissionResultV1(
+                **base, status="replayed", state=requested.recorded.state,
+                outcome=recorded_outcome(requested.recorded, proposal), decided_at=_now())
+        assert requested.approval is not None
+        return AdmissionResultV1(**base, status="pending_approval",
+                                 approval_id=requested.approval.approval_id, decided_at=_now())
 
 
 def recorded_outcome(

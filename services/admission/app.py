@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import asyncpg
 from faststream import FastStream
 from faststream.confluent import KafkaBroker
 
-from agentledger import admission, crypto
+from agentledger import admission, crypto, errors, identity
 from agentledger.contracts import topics
 from agentledger.kafka import topics as kafka_topics
 from agentledger.ledger import keys
-from agentledger.policy import allowlist, decision
+from agentledger.policy import allowlist
+from agentledger.policy import repository as policy_repo
 from agentledger.resources.crm import CrmResolver
 from agentledger.services.admission import handlers
 from agentledger.services.admission.settings import AdmissionSettings
@@ -23,6 +26,10 @@ def create_app(settings: AdmissionSettings | None = None) -> FastStream:
     app = FastStream(broker)
     rules = allowlist.Allowlist.load()
     resolver = CrmResolver(cfg.crm_url, cfg.crm_read_tokens)
+    if cfg.require_identity and not cfg.envelope_keys:
+        raise errors.IdentityRejected(
+            "AGENTLEDGER_ADMISSION_ENVELOPE_KEYS is empty: admission cannot verify identities")
+    keys_ = identity.KeySet.from_pem(cfg.envelope_keys) if cfg.require_identity else None
 
     async def init(conn: asyncpg.Connection) -> None:
         if cfg.db_role:
@@ -41,8 +48,12 @@ def create_app(settings: AdmissionSettings | None = None) -> FastStream:
         state["pool"] = pool
         handlers.register(broker, admission.Admitter(
             pool=pool, allowlist=rules, resolver=resolver,
-            policy=decision.AllowlistPolicy(rules),
+            authorizer=policy_repo.CedarAuthorizer(),
             cipher=keys.PayloadCipher(crypto.MasterKey.from_b64(cfg.master_key.get_secret_value())),
+            envelope_keys=keys_,
+            budget_limits={"tool_calls": cfg.budget_tool_calls} if cfg.budget_tool_calls else {},
+            decision_ttl=timedelta(seconds=cfg.decision_ttl_s),
+            approval_ttl=timedelta(seconds=cfg.approval_ttl_s),
         ), group_id=cfg.group_id, proposals_topic=cfg.proposals_topic,
             admissions_topic=cfg.admissions_topic)
 

@@ -17,6 +17,14 @@ class AdmissionSettings(BaseSettings):
     # agentledger_admission; a shared development URL switches to it with SET ROLE.
     db_role: str | None = "agentledger_admission"
     master_key: SecretStr = Field(validation_alias="AGENTLEDGER_MASTER_KEY")
+    # Ingress's public keys (kid → PEM) that sign identity envelopes (R1.1). Admission
+    # refuses proposals without a valid envelope unless require_identity is off (only for
+    # offline evaluation runs that bind identity themselves).
+    envelope_keys: dict[str, str] = Field(default_factory=dict)
+    require_identity: bool = True
+    # Tool calls one request may admit (R7); 0 disables the budget.
+    budget_tool_calls: int = 20
+    approval_ttl_s: float = 3600.0
     crm_url: str = "http://127.0.0.1:8090"
     # tenant id → a read-only CRM token, as JSON; resolution never needs more than read.
     crm_read_tokens: dict[str, str] = Field(default_factory=dict)

@@ -15,7 +15,8 @@ from agentledger.contracts import topics
 from agentledger.executor import dispatcher, inflight
 from agentledger.kafka import topics as kafka_topics
 from agentledger.ledger import keys
-from agentledger.policy import allowlist, decision
+from agentledger.policy import allowlist
+from agentledger.policy import repository as policy_repo
 from agentledger.services.executor import handlers
 from agentledger.services.executor.settings import ExecutorSettings
 
@@ -48,7 +49,7 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
             pool=pool, connectors=connectors,
             credentials=base.Credentials("write", cfg.write_tokens),
             cipher=keys.PayloadCipher(crypto.MasterKey.from_b64(cfg.master_key.get_secret_value())),
-            policy=decision.AllowlistPolicy(rules), allowlist=rules,
+            authorizer=policy_repo.CedarAuthorizer(), allowlist=rules,
             worker_id=cfg.worker_id or f"executor-{socket.gethostname()}-{os.getpid()}",
             lease_s=cfg.lease_s,
         ), running, topic=topic, group_id=group)

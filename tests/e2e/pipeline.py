@@ -6,6 +6,7 @@ fresh database; topics live under a per-run namespace so runs never see each oth
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -17,12 +18,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import psycopg2
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
 from tests.helpers import wait_until
-from tests.integration import processes
+from tests.integration import identities, processes
 from tests.integration.crm.conftest import Crm, run_crm
 from tests.integration.relay import support as relay_support
 
@@ -64,6 +66,7 @@ class Pipeline:
                 "action": action, "arguments": {"customer_id": self.customer, **arguments},
                 "target": self.customer, "expected_revision": expected_revision,
                 "planner": {"name": "e2e"}, "created_at": datetime.now(UTC).isoformat()}
+        body = identities.sign(body)
         p = self.producer()
         p.produce(self.topic("agent.proposals.v1"), key=self.tenant.encode(), value=json.dumps(body).encode(),
                   headers=[("traceparent", f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01".encode())])
@@ -88,6 +91,20 @@ class Pipeline:
         assert result is not None
         return result
 
+    def pending_approval(self, op: uuid.UUID) -> bool:
+        conn = psycopg2.connect(self.database_url)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT 1 FROM approval_request WHERE operation_id = %s AND state = 'pending'",
+                            (str(op),))
+                return cur.fetchone() is not None
+        finally:
+            conn.close()
+
+    def approve(self, op: uuid.UUID, approver: str = "user:fiona") -> None:
+        """Approve the pending request of ``op`` through the real path (approver policy, hash)."""
+        asyncio.run(_approve(self.database_url, uuid.UUID(self.tenant), op, approver))
+
     def read(self, topic: str, predicate: Any, *, timeout: float = 60) -> list[dict[str, Any]]:
         """Records of ``topic`` (namespaced) whose JSON value satisfies ``predicate``."""
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"read-{uuid.uuid4().hex}",
@@ -109,6 +126,26 @@ class Pipeline:
         return found
 
 
+async def _approve(database_url: str, tenant: uuid.UUID, op: uuid.UUID, approver: str) -> None:
+    from agentledger.approvals import repository as approvals
+    from agentledger.policy import allowlist
+    from agentledger.policy import repository as policy_repo
+
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute("SET ROLE agentledger_admission")
+        pending = [a for a in await approvals.listing(conn, tenant) if a.operation_id == op]
+        assert pending, "no pending approval for this operation"
+        request = pending[0]
+        verdict = await policy_repo.CedarAuthorizer().may_approve(
+            conn, tenant_id=tenant, approver_id=approver, requester_id=request.principal_id,
+            action=allowlist.Allowlist.load().get(request.action), resource_id=request.resource_id)
+        await approvals.decide(conn, tenant, request.approval_id, approver=approver, approve=True,
+                               shown_hash=request.hash_hex, reason="checked", approver_decision=verdict)
+    finally:
+        await conn.close()
+
+
 @contextmanager
 def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Path,
              *, executor_env: dict[str, str] | None = None) -> Iterator[Pipeline]:
@@ -117,10 +154,10 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
     admin = AdminClient({"bootstrap.servers": bootstrap})
     with ExitStack() as stack:
         crm = stack.enter_context(run_crm(crm_database_url, logs, faults_enabled="true"))
-        import asyncio
         tenant, customer = str(uuid.uuid4()), f"c-{tag}"
         asyncio.run(crm.customer(tenant, customer, email="ada@example.com"))
         tokens = {scope: asyncio.run(crm.token(tenant, scope)) for scope in ("read", "write", "lookup")}
+        asyncio.run(identities.put_principals(database_url, tenant, identities.DEFAULT_PRINCIPALS))
         common = {"AGENTLEDGER_DATABASE_URL": database_url, "AGENTLEDGER_KAFKA_BOOTSTRAP": bootstrap,
                   "AGENTLEDGER_MASTER_KEY": base64.b64encode(os.urandom(32)).decode()}
         p = Pipeline(bootstrap, database_url, crm, ns, tenant, customer, tokens)
@@ -140,7 +177,8 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
             "AGENTLEDGER_ADMISSION_GROUP_ID": f"admission-{tag}",
             "AGENTLEDGER_ADMISSION_PROPOSALS_TOPIC": p.topic("agent.proposals.v1"),
             "AGENTLEDGER_ADMISSION_ADMISSIONS_TOPIC": p.topic("agent.admissions.v1"),
-            "AGENTLEDGER_ADMISSION_PARTITIONS": "3"},
+            "AGENTLEDGER_ADMISSION_PARTITIONS": "3",
+            "AGENTLEDGER_ADMISSION_ENVELOPE_KEYS": json.dumps(identities.ENVELOPE_KEYS)},
             processes.group_has_members(bootstrap, f"admission-{tag}"))
         for connector in ("crm", "billing"):
             start(f"executor-{connector}", "agentledger.services.executor", {

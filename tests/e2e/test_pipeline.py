@@ -65,6 +65,8 @@ def test_refund_with_a_lost_answer_is_unknown_never_success(world: Pipeline) -> 
                                "action": "drop_after_commit", "times": 1}))
     op = world.propose("billing.refund.create", {"invoice_id": "inv-1", "amount_minor": 1999,
                                                  "currency": "EUR", "reason": "late delivery"})
+    assert wait_until(lambda: world.pending_approval(op), timeout=60)
+    world.approve(op)
     state, receipt = world.wait_state(op, "unknown", "succeeded")
     assert (state, receipt) == ("unknown", None)
     assert len(effects(world, "refund.created")) == 1

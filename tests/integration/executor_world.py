@@ -17,8 +17,11 @@ from agentledger.connectors import crm as crm_connectors
 from agentledger.contracts.proposals import ProposalV1
 from agentledger.executor import dispatcher, reconciler
 from agentledger.ledger import keys
-from agentledger.policy import allowlist, decision
+from agentledger.approvals import repository as approvals
+from agentledger.policy import allowlist
+from agentledger.policy import repository as policy_repo
 from agentledger.resources import MappingResolver
+from tests.integration import identities
 from tests.integration.crm.conftest import Crm
 
 RULES = allowlist.Allowlist.load()
@@ -45,12 +48,15 @@ class World:
     directory: dict[tuple[uuid.UUID, str, str], str | None] = field(default_factory=dict)
     write_tokens: dict[str, dict[str, str]] = field(default_factory=lambda: {"crm": {}, "billing": {}})
     lookup_tokens: dict[str, dict[str, str]] = field(default_factory=lambda: {"crm": {}, "billing": {}})
-    policy: decision.Policy = field(default_factory=lambda: decision.AllowlistPolicy(RULES))
+    authorizer: policy_repo.CedarAuthorizer = field(default_factory=policy_repo.CedarAuthorizer)
     connectors: dict[str, base.Connector] = field(default_factory=dict)
 
     async def tenant(self, **contact: Any) -> Tenant:
         tenant_id, customer = uuid.uuid4(), f"c-{uuid.uuid4().hex[:8]}"
         record = await self.crm.customer(str(tenant_id), customer, **contact)
+        async with self.owner.acquire() as conn:
+            for principal, roles in identities.DEFAULT_PRINCIPALS.items():
+                await policy_repo.put_principal(conn, tenant_id, principal, roles)
         write = await self.crm.token(str(tenant_id), "write")
         lookup = await self.crm.token(str(tenant_id), "lookup")
         for conn in ("crm", "billing"):
@@ -61,13 +67,13 @@ class World:
 
     def admitter(self) -> admission.Admitter:
         return admission.Admitter(pool=self.admission_pool, allowlist=RULES, resolver=MappingResolver(self.directory),
-                                  policy=self.policy, cipher=keys.PayloadCipher(self.master))
+                                  authorizer=self.authorizer, cipher=keys.PayloadCipher(self.master))
 
     def dispatcher(self, worker: str = "w1", lease_s: float = 60.0) -> dispatcher.Dispatcher:
         return dispatcher.Dispatcher(
             pool=self.pool, connectors=self.connectors,
             credentials=base.Credentials("write", self.write_tokens),
-            cipher=keys.PayloadCipher(self.master), policy=self.policy, allowlist=RULES,
+            cipher=keys.PayloadCipher(self.master), authorizer=self.authorizer, allowlist=RULES,
             worker_id=worker, lease_s=lease_s)
 
     def reconciler(self, pool: asyncpg.Pool | None = None) -> reconciler.Reconciler:
@@ -85,8 +91,26 @@ class World:
             "target": t.customer_id, "expected_revision": expected_revision,
             "planner": {"name": "test"}, "created_at": datetime.now(UTC).isoformat()}))
         result = await self.admitter().admit(proposal)
+        if result.status == "pending_approval":
+            assert result.approval_id is not None
+            await self.approve(t, result.approval_id, action)
+            return op
         assert result.status == "admitted", result
         return op
+
+    async def approve(self, t: Tenant, approval_id: uuid.UUID, action: str) -> None:
+        """Approve through the real path: the approver's policy check, then admit that hash."""
+        approver = "user:fiona" if action.startswith("billing.") else "user:bob"
+        async with self.admission_pool.acquire() as conn:
+            pending = await approvals.get(conn, t.tenant_id, approval_id)
+            verdict = await self.authorizer.may_approve(
+                conn, tenant_id=t.tenant_id, approver_id=approver,
+                requester_id=pending.principal_id, action=RULES.get(action),
+                resource_id=pending.resource_id)
+            _, admitted = await approvals.decide(
+                conn, t.tenant_id, approval_id, approver=approver, approve=True,
+                shown_hash=pending.hash_hex, reason="looks right", approver_decision=verdict)
+        assert admitted is not None and admitted.status == "admitted", verdict
 
     async def row(self, t: Tenant, op: uuid.UUID) -> asyncpg.Record:
         async with self.owner.acquire() as conn:

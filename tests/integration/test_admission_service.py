@@ -6,6 +6,7 @@ over the real broker and database. Assertions are on ledger rows and Kafka recor
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -22,7 +23,7 @@ from confluent_kafka import Consumer, Producer
 
 from agentledger.contracts import topics
 from tests.helpers import wait_until
-from tests.integration import processes
+from tests.integration import identities, processes
 from tests.stack import Stack
 
 ADMIN_TOKEN = "crm-admin-" + uuid.uuid4().hex
@@ -40,7 +41,9 @@ class World:
                                   "auto.offset.reset": "earliest", "enable.auto.commit": False})
         self.consumer.subscribe([admissions])
 
-    def send(self, value: bytes | dict[str, Any], key: str = "k") -> None:
+    def send(self, value: bytes | dict[str, Any], key: str = "k", *, signed: bool = True) -> None:
+        if isinstance(value, dict) and signed and "identity" not in value:
+            value = identities.sign(value)
         raw = value if isinstance(value, bytes) else json.dumps(value).encode()
         self.producer.produce(self.proposals, key=key.encode(), value=raw,
                               headers=[("traceparent", b"00-" + b"c" * 32 + b"-" + b"d" * 16 + b"-01")])
@@ -76,6 +79,7 @@ def world(stack: Stack, make_database: Callable[[], str], database_url: str,
             r = httpx.post(f"{crm_url}/admin/tenants/{tenant}/tokens", headers=admin, json={"scopes": ["read"]})
             assert r.status_code == 201, r.text
             tenants[str(tenant)] = r.json()["token"]
+            asyncio.run(identities.put_principals(database_url, tenant, identities.DEFAULT_PRINCIPALS))
         suffix = uuid.uuid4().hex[:8]
         proposals, admissions = f"agent.proposals.t{suffix}.v1", f"agent.admissions.t{suffix}.v1"
         group = f"admission-{suffix}"
@@ -88,6 +92,8 @@ def world(stack: Stack, make_database: Callable[[], str], database_url: str,
             "AGENTLEDGER_ADMISSION_PROPOSALS_TOPIC": proposals,
             "AGENTLEDGER_ADMISSION_ADMISSIONS_TOPIC": admissions,
             "AGENTLEDGER_ADMISSION_PARTITIONS": "3",
+            "AGENTLEDGER_ADMISSION_ENVELOPE_KEYS": json.dumps(identities.ENVELOPE_KEYS),
+            "AGENTLEDGER_ADMISSION_BUDGET_TOOL_CALLS": "10",
         }
         with processes.running("agentledger.services.admission", env, logs / "admission.log",
                                ready=processes.group_has_members(stack.kafka_bootstrap, group), timeout=90):
@@ -221,3 +227,77 @@ async def test_no_plaintext_payload_in_a_database_dump(world: World) -> None:
     text = "\n".join(dump)
     assert p["operation_id"] in text  # the dump has the rows...
     assert MARKER not in text         # ...but never the payload in clear
+
+
+async def test_identity_is_bound_by_the_envelope_not_by_the_message(world: World) -> None:
+    # Unsigned → rejected; signed for alice but claiming bob → rejected; nothing written.
+    unsigned = proposal(world)
+    world.send(unsigned, signed=False)
+    assert world.result_for(unsigned["proposal_id"])["reason_code"] == "identity_rejected"
+    forged = identities.sign(proposal(world))
+    forged["principal_id"] = "user:bob"
+    world.send(forged)
+    assert world.result_for(forged["proposal_id"])["reason_code"] == "identity_rejected"
+    other_op = identities.sign(proposal(world))
+    other_op["operation_id"] = str(uuid.uuid4())
+    world.send(other_op)
+    assert world.result_for(other_op["proposal_id"])["reason_code"] == "identity_rejected"
+    for p in (unsigned, forged, other_op):
+        n = await _rows(world.database_url, "SELECT count(*) AS n FROM agent_command WHERE operation_id=$1",
+                        uuid.UUID(p["operation_id"]))
+        assert n[0]["n"] == 0
+
+
+async def test_refund_needs_approval_and_waits_as_a_persisted_request(world: World) -> None:
+    p = proposal(world, action="billing.refund.create",
+                 arguments={"customer_id": "cust-a", "invoice_id": "inv-7", "amount_minor": 1500,
+                            "currency": "EUR", "reason": "broken"})
+    world.send(p)
+    result = world.result_for(p["proposal_id"])
+    assert result["status"] == "pending_approval" and result["approval_id"]
+    rows = await _rows(world.database_url, "SELECT state, request_hash FROM approval_request WHERE approval_id=$1",
+                       uuid.UUID(result["approval_id"]))
+    assert rows[0]["state"] == "pending"
+    decisions = await _rows(world.database_url, "SELECT effect, policy_version FROM policy_decision "
+                            "WHERE operation_id=$1", uuid.UUID(p["operation_id"]))
+    assert [d["effect"] for d in decisions] == ["require_approval"]
+    assert decisions[0]["policy_version"].startswith("cedar/sha256:")
+    n = await _rows(world.database_url, "SELECT count(*) AS n FROM agent_command WHERE operation_id=$1",
+                    uuid.UUID(p["operation_id"]))
+    assert n[0]["n"] == 0  # nothing is admitted before a person decides
+
+
+async def test_a_revoked_principal_is_denied_and_the_decision_recorded(world: World, database_url: str) -> None:
+    from agentledger.policy import repository as policy_repo
+
+    tenant = list(world.tenants)[1]
+    conn = await asyncpg.connect(database_url)
+    try:
+        await policy_repo.put_principal(conn, uuid.UUID(tenant), "user:mallory", ["user"])
+        await policy_repo.revoke_principal(conn, uuid.UUID(tenant), "user:mallory")
+    finally:
+        await conn.close()
+    p = proposal(world, tenant_index=1, principal_id="user:mallory")
+    world.send(p)
+    result = world.result_for(p["proposal_id"])
+    assert (result["status"], result["reason_code"]) == ("rejected", "policy_denied")
+    decisions = await _rows(world.database_url, "SELECT effect FROM policy_decision WHERE operation_id=$1",
+                            uuid.UUID(p["operation_id"]))
+    assert [d["effect"] for d in decisions] == ["deny"]
+
+
+async def test_fifty_parallel_steps_against_ten_tool_calls_admit_exactly_ten(world: World) -> None:
+    request_id = uuid.uuid4()  # one workflow: every step's envelope names the same request
+    steps = [identities.sign(proposal(world, tenant_index=1), request_id=request_id) for _ in range(50)]
+    for s in steps:
+        world.send(s)
+    results = [world.result_for(s["proposal_id"], timeout=120) for s in steps]
+    statuses = sorted((r["status"], r.get("reason_code")) for r in results)
+    assert statuses.count(("admitted", None)) == 10, statuses
+    assert statuses.count(("rejected", "budget_exhausted")) == 40, statuses
+    rows = await _rows(world.database_url, "SELECT limit_amount, reserved, used FROM budget WHERE workflow_id=$1",
+                       str(request_id))
+    assert [(r["limit_amount"], r["reserved"], r["used"]) for r in rows] == [(10, 0, 10)]
+    audited = await _rows(world.database_url, "SELECT count(*) AS n FROM event_outbox WHERE type='budget.exhausted' "
+                          "AND payload->>'workflow_id' = $1", str(request_id))
+    assert audited[0]["n"] == 40

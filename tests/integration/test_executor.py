@@ -222,3 +222,22 @@ async def test_operator_cli_lists_and_resolves_an_unknown_refund(world: World, d
         audit = await conn.fetchval("SELECT count(*) FROM event_outbox WHERE operation_id=$1 "
                                     "AND type='command.reconciled'", op)
     assert audit == 1
+
+
+async def test_permission_revoked_while_queued_is_denied_with_no_call(world: World) -> None:
+    from agentledger.policy import repository as policy_repo
+
+    t = await world.tenant()
+    op = await world.admit(t, NOTE, {"body": "queued before the revocation"})
+    async with world.owner.acquire() as conn:
+        assert await policy_repo.revoke_principal(conn, t.tenant_id, "user:alice")
+    worker = world.dispatcher()
+    begun = await worker.begin(t.tenant_id, op)
+    assert await worker.complete(begun.claim) == "denied"  # type: ignore[arg-type]
+    assert await world.effects(t) == []
+    row = await world.row(t, op)
+    assert row["outcome_reason"].startswith("current policy denies it")
+    async with world.owner.acquire() as conn:
+        stages = await conn.fetch("SELECT stage, effect FROM policy_decision WHERE operation_id=$1 "
+                                  "ORDER BY decided_at", op)
+    assert [(s["stage"], s["effect"]) for s in stages] == [("admission", "allow"), ("dispatch", "deny")]

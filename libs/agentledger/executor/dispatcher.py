@@ -25,6 +25,7 @@ from agentledger.connectors import base
 from agentledger.ledger import dispatch, keys, repository
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import decision as decision_mod
+from agentledger.policy import repository as policy_repo
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class Dispatcher:
     connectors: Mapping[str, base.Connector]
     credentials: base.Credentials
     cipher: keys.PayloadCipher
-    policy: decision_mod.Policy
+    authorizer: decision_mod.Authorizer
     allowlist: allowlist_mod.Allowlist
     worker_id: str
     lease_s: float = LEASE_S
@@ -88,7 +89,7 @@ class Dispatcher:
         """Check, call and record. Returns the state recorded; raises StaleClaim if fenced."""
         async with self.pool.acquire() as conn:
             row = await repository.load_command(conn, held.tenant_id, held.operation_id)
-            refusal = self._refusal(row)
+            refusal = await self._refusal(conn, row)
             if refusal is not None:
                 state, reason = refusal
                 await self._finalize(conn, held, state, reason=reason, traceparent=traceparent)
@@ -109,7 +110,9 @@ class Dispatcher:
         result, held = await self._call(connector, call, token, held, traceparent)
         return await self.record(held, result, traceparent=traceparent)
 
-    def _refusal(self, row: asyncpg.Record) -> tuple[dispatch.FinalState, str] | None:
+    async def _refusal(
+        self, conn: repository.Conn, row: asyncpg.Record
+    ) -> tuple[dispatch.FinalState, str] | None:
         """R2.6: the decision must still be valid and the CURRENT policy must still permit."""
         if row["expires_at"] <= datetime.now(UTC):
             return "expired", "the approval expired before dispatch"
@@ -119,8 +122,15 @@ class Dispatcher:
             spec = self.allowlist.get(row["action"])
         except errors.UnknownAction:
             return "denied", f"{row['action']} is no longer on the allowlist"
-        verdict = self.policy.decide(tenant_id=row["tenant_id"], principal_id=row["principal_id"],
-                                     action=spec, resource_id=row["resource_id"])
+        verdict = await self.authorizer.authorize(
+            conn, tenant_id=row["tenant_id"], principal_id=row["principal_id"], action=spec,
+            resource_id=row["resource_id"])
+        async with repository.transaction(conn, row["tenant_id"]) as tx:
+            await policy_repo.record_decision(
+                tx, verdict, tenant_id=row["tenant_id"], principal_id=row["principal_id"],
+                action=spec.name, resource_id=row["resource_id"],
+                operation_id=row["operation_id"], stage="dispatch")
+        # Only a denial stops a command: one a person approved stays approved (R2.6).
         if verdict.effect == "deny":
             return "denied", f"current policy denies it: {verdict.reason}"[:500]
         return None

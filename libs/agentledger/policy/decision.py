@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 from uuid import UUID
 
 from agentledger.policy import allowlist as allowlist_mod
+
+if TYPE_CHECKING:
+    from agentledger.ledger.repository import Conn
 
 Effect = Literal["allow", "require_approval", "deny"]
 
@@ -23,7 +27,7 @@ class Decision:
 
 
 class Policy(Protocol):
-    """Decides per tenant, principal, action and resource."""
+    """Decides per tenant, principal, action and resource, from what it is given."""
 
     @property
     def version(self) -> str: ...
@@ -34,23 +38,24 @@ class Policy(Protocol):
     ) -> Decision: ...
 
 
-class AllowlistPolicy:
-    """Permits exactly what the allowlist names, for every principal of every tenant.
+class Authorizer(Protocol):
+    """Asks the CURRENT policy about a principal as the database records it NOW.
 
-    The narrowest policy that still admits anything: it adds no permission beyond the
-    allowlist and is versioned by the allowlist's own hash. Per-principal rules and human
-    approval are decided by the Cedar policy engine where it is configured.
+    Admission asks before admitting; the executor asks again before every call, so a
+    revocation recorded in between stops queued work (R2.6).
     """
 
-    def __init__(self, allowlist: allowlist_mod.Allowlist) -> None:
-        self._version = f"allowlist/{allowlist.version}"
-
     @property
-    def version(self) -> str:
-        return self._version
+    def version(self) -> str: ...
 
-    def decide(
-        self, *, tenant_id: UUID, principal_id: str, action: allowlist_mod.ActionSpec,
-        resource_id: str,
-    ) -> Decision:
-        return Decision("allow", self._version, f"{action.name} is on the allowlist")
+    async def authorize(
+        self, conn: Conn, *, tenant_id: UUID, principal_id: str,
+        action: allowlist_mod.ActionSpec, resource_id: str,
+        arguments: Mapping[str, object] | None = None,
+    ) -> Decision: ...
+
+    async def may_approve(
+        self, conn: Conn, *, tenant_id: UUID, approver_id: str, requester_id: str,
+        action: allowlist_mod.ActionSpec, resource_id: str,
+        arguments: Mapping[str, object] | None = None,
+    ) -> Decision: ...

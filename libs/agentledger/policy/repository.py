@@ -8,7 +8,7 @@ it admits (or refuses); reads open their own tenant-bound transaction.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -17,6 +17,7 @@ from uuid import UUID
 
 from agentledger import sql
 from agentledger.ledger import repository as ledger
+from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import cedar
 from agentledger.policy import decision as decision_mod
 
@@ -122,3 +123,38 @@ def _recorded(row: Any) -> RecordedDecision:
     fields = {f: row[f] for f in RecordedDecision.__dataclass_fields__}
     fields["reasons"] = tuple(json.loads(row["reasons"]))
     return RecordedDecision(**fields)
+
+
+class CedarAuthorizer:
+    """The Cedar policy asked about principals as table ``principal`` records them now."""
+
+    def __init__(self, policy: cedar.CedarPolicy | None = None) -> None:
+        self.policy = policy or cedar.CedarPolicy()
+
+    @property
+    def version(self) -> str:
+        return self.policy.version
+
+    async def authorize(
+        self, conn: ledger.Conn, *, tenant_id: UUID, principal_id: str,
+        action: allowlist_mod.ActionSpec, resource_id: str,
+        arguments: Mapping[str, object] | None = None,
+    ) -> cedar.CedarDecision:
+        return await self.policy.authorize(
+            PostgresPrincipalDirectory(conn), tenant_id=tenant_id, principal_id=principal_id,
+            action=action, resource_id=resource_id, arguments=arguments,
+        )
+
+    async def may_approve(
+        self, conn: ledger.Conn, *, tenant_id: UUID, approver_id: str, requester_id: str,
+        action: allowlist_mod.ActionSpec, resource_id: str,
+        arguments: Mapping[str, object] | None = None,
+    ) -> cedar.CedarDecision:
+        directory = PostgresPrincipalDirectory(conn)
+        approver = await directory.lookup(tenant_id, approver_id)
+        requester = await directory.lookup(tenant_id, requester_id)
+        if approver is None or requester is None:
+            return cedar.CedarDecision(
+                "deny", self.version, f"{action.name}: approver or requester unknown here")
+        return self.policy.may_approve(approver, cedar.PolicyRequest(
+            requester, action, resource_id, dict(arguments or {}), tenant_id))

@@ -1,0 +1,44 @@
+"""Identity for tests: an ingress envelope key pair, and principals in the policy directory."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import asyncpg
+
+from agentledger import identity
+from agentledger.policy import repository as policy_repo
+
+PRIVATE_PEM, PUBLIC_PEM = identity.generate_keypair("EdDSA")
+KID = "ingress-test"
+SIGNER = identity.EnvelopeSigner(PRIVATE_PEM, KID)
+ENVELOPE_KEYS = {KID: PUBLIC_PEM}
+KEYSET = identity.KeySet.from_pem(ENVELOPE_KEYS)
+
+
+def sign(proposal: dict[str, Any], *, request_id: uuid.UUID | None = None) -> dict[str, Any]:
+    """The proposal with an envelope binding its tenant, principal and operation id."""
+    envelope = SIGNER.sign(
+        tenant_id=uuid.UUID(str(proposal["tenant_id"])), principal_id=proposal["principal_id"],
+        operation_id=uuid.UUID(str(proposal["operation_id"])),
+        request_id=request_id or uuid.uuid4())
+    return {**proposal, "identity": envelope}
+
+
+async def put_principals(
+    database_url: str, tenant_id: uuid.UUID | str, principals: Mapping[str, Iterable[str]]
+) -> None:
+    """Record principals and their roles (an operator's act, with the owner's rights)."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        for principal, roles in principals.items():
+            await policy_repo.put_principal(conn, uuid.UUID(str(tenant_id)), principal, roles)
+    finally:
+        await conn.close()
+
+
+# Who acts in tests: an agent user, an approver for ordinary approvals, finance for refunds.
+DEFAULT_PRINCIPALS = {"user:alice": ["user"], "user:bob": ["approver"],
+                      "user:fiona": ["finance-approver"]}
