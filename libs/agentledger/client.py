@@ -198,6 +198,7 @@ class GatewayClient:
         try:
             consumer.assign(self._start_positions(consumer, since))
             found_admission: admission.AdmissionResultV1 | None = None
+            found_outcome: outcomes.Outcome | None = None
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
                 msg = consumer.poll(0.5)
@@ -210,13 +211,18 @@ class GatewayClient:
                         if answer.operation_id != operation_id:
                             continue
                         found_admission = answer
-                        settled = Resolution(operation_id, answer, answer.outcome)
+                        settled = Resolution(operation_id, answer, answer.outcome or found_outcome)
                         if until == "admission" or settled.refused or answer.outcome:
                             return settled
                     else:
                         event = outcomes.OutcomeEventV1.model_validate_json(value)
-                        if event.operation_id == operation_id:
-                            return Resolution(operation_id, found_admission, event.outcome)
+                        if event.operation_id != operation_id:
+                            continue
+                        if until == "admission":
+                            # Topics interleave: an outcome may be read before the answer.
+                            found_outcome = event.outcome
+                            continue
+                        return Resolution(operation_id, found_admission, event.outcome)
                 except pydantic.ValidationError:
                     continue  # not ours to judge; the producer's DLQ handles poison
             raise TimeoutError(f"no conclusive answer for operation {operation_id}")
