@@ -131,9 +131,7 @@ class Admitter:
                     payload_ciphertext=ciphertext, payload_key_version=key_version,
                     traceparent=trace.traceparent if trace else None,
                     tracestate=trace.tracestate if trace else None,
-                ), audit={"proposal_id": str(proposal.proposal_id),
-                          "planner": proposal.planner.name, "risk": spec.risk},
-                    also=lambda tx, _: record(tx))
+                ), audit=_proposal_audit(proposal, spec), also=lambda tx, _: record(tx))
             except BaseException:
                 if reservation is not None:
                     await budgets.release(conn, reservation)
@@ -210,7 +208,7 @@ class Admitter:
             expires_at=_now() + self.approval_ttl,
             traceparent=trace.traceparent if trace else None,
             tracestate=trace.tracestate if trace else None,
-        ), also=record)
+        ), also=record, audit=_proposal_audit(proposal, spec))
         if requested.status == "conflict":
             return AdmissionResultV1.refused(errors.IdempotencyConflict(
                 "operation id already bound to a different request; nothing was changed",
@@ -223,6 +221,16 @@ class Admitter:
         assert requested.approval is not None
         return AdmissionResultV1(**base, status="pending_approval",
                                  approval_id=requested.approval.approval_id, decided_at=_now())
+
+
+def _proposal_audit(proposal: ProposalV1, spec: allowlist_mod.ActionSpec) -> dict[str, Any]:
+    """What the audit keeps of a proposal: who planned it on which evidence — hashes and
+    sources only, never the evidence text, the prompt or the payload (R8.5)."""
+    return {"proposal_id": str(proposal.proposal_id), "planner": proposal.planner.name,
+            "model": proposal.planner.model, "risk": spec.risk,
+            "evidence": [{"ref": e.ref, "source": e.source, "sha256": e.sha256,
+                          "fetched_at": e.fetched_at.isoformat()} for e in proposal.evidence],
+            "usage": proposal.usage.model_dump() if proposal.usage else None}
 
 
 def recorded_outcome(

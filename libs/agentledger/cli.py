@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 from agentledger import errors, migrations, settings
+from agentledger.audit import explain as audit_explain
 from agentledger.ledger import dispatch
 
 app = typer.Typer(no_args_is_help=True, help="agentledger: crash-safe AI-agent side effects.")
@@ -116,6 +117,63 @@ def reconcile_resolve(
         console.print(f"[red]{exc.code}[/red]: {exc.message}")
         raise typer.Exit(2) from exc
     console.print(f"resolved {operation_id} as {outcome} (resolution {resolution})")
+
+
+@app.command("explain")
+def explain_cmd(
+    operation_id: uuid.UUID,
+    tenant: Annotated[uuid.UUID, typer.Option(help="Tenant id")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+) -> None:
+    """What was proposed, permitted, attempted and is known for one operation (audit ledger)."""
+
+    async def run() -> audit_explain.Explanation:
+        conn = await asyncpg.connect(settings.load().database_url)
+        try:
+            await conn.execute("SET ROLE agentledger_auditor")
+            return await audit_explain.explain(conn, tenant, operation_id)
+        finally:
+            await conn.close()
+
+    try:
+        found = asyncio.run(run())
+    except errors.AgentLedgerError as exc:
+        console.print(f"[red]{exc.code}[/red]: {exc.message}")
+        raise typer.Exit(2) from exc
+    if as_json:
+        console.print_json(found.model_dump_json())
+        return
+    render_explanation(found)
+
+
+def render_explanation(found: audit_explain.Explanation) -> None:
+    """The four answers, for a person."""
+    p, k = found.proposed, found.known
+    console.rule(f"operation {found.operation_id}")
+    console.print(f"[bold]proposed[/bold]  {p['action']} on {p['target']} for {p['principal']} "
+                  f"by planner {p['planner']} (model {p['model']}); "
+                  f"{len(p['evidence'])} evidence item(s); hash {str(p['request_hash'])[:16]}…")
+    console.print("[bold]permitted[/bold]")
+    for d in found.permitted["decisions"]:
+        console.print(f"  {d['decided_at']}  {d['stage']:<9} {d['effect']:<16} "
+                      f"{d['policy_version'][:30]}  {d['reason']}", highlight=False)
+    for a in found.permitted["approvals"]:
+        console.print(f"  approval {a['approval_id']}: {a['state']} by {a['decided_by']} "
+                      f"({a['decision_reason']})", highlight=False)
+    console.print("[bold]attempted[/bold]")
+    for a in found.attempted or [{"kind": "none"}]:
+        if a["kind"] == "none":
+            console.print("  nothing was attempted")
+            continue
+        console.print(f"  {a['started_at']}  {a['kind']:<8} worker={a['worker_id']} "
+                      f"generation={a['fencing_generation']} → {a['result']} {a['detail'] or ''}",
+                      highlight=False)
+    console.print(f"[bold]known[/bold]     state={k['state']} receipt={k['receipt']} "
+                  f"reason={k['reason']}", highlight=False)
+    for r in k["reconciliations"]:
+        console.print(f"  reconciled {r['outcome']} by {r['resolved_by']} at {r['resolved_at']}: "
+                      f"{r['reason']} (evidence: {r['evidence']})", highlight=False)
+    console.print(f"[dim]{len(found.timeline)} audit events[/dim]")
 
 
 def main() -> None:

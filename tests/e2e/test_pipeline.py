@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg2
 import pytest
 
 from tests.e2e.pipeline import Pipeline, pipeline
@@ -83,3 +84,34 @@ def test_poison_exec_record_goes_to_the_dlq_and_does_not_stall(world: Pipeline) 
     assert dead and dead[0]["source_topic"] == world.topic("exec.crm.v1")
     op = world.propose("crm.note.create", {"body": "after the poison"})
     assert world.wait_state(op, "succeeded")[0] == "succeeded"
+
+
+def test_the_audit_topic_carries_the_same_events_as_the_audit_ledger(world: Pipeline) -> None:
+    from confluent_kafka import Consumer
+
+    op = world.propose("crm.note.create", {"body": "audited"})
+    world.wait_state(op, "succeeded")
+    conn = psycopg2.connect(world.database_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT event_id::text, type FROM audit_event WHERE operation_id = %s", (str(op),))
+            ledger = dict(cur.fetchall())
+    finally:
+        conn.close()
+    assert set(ledger.values()) >= {"command.admitted", "command.claimed", "command.succeeded"}
+    consumer = Consumer({"bootstrap.servers": world.bootstrap, "group.id": f"audit-{uuid.uuid4().hex}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([world.topic("audit.events.v1")])
+    topic: dict[str, str] = {}
+
+    def poll() -> bool:
+        msg = consumer.poll(0.5)
+        if msg is not None and msg.error() is None:
+            headers = {k: v.decode() for k, v in (msg.headers() or []) if v is not None}
+            if json.loads(msg.value()).get("operation_id") == str(op):
+                topic[headers["id"]] = headers["type"]
+        return topic == ledger
+    try:
+        assert wait_until(poll, timeout=60, interval=0), (topic, ledger)
+    finally:
+        consumer.close()

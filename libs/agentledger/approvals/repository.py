@@ -20,6 +20,7 @@ from uuid import UUID
 from agentledger import errors, sql
 from agentledger.ledger import repository as ledger
 from agentledger.policy import decision as decision_mod
+from agentledger.policy import repository as policy_repo
 
 Q = sql.load(Path(__file__).with_name("queries.sql"))
 
@@ -127,7 +128,10 @@ async def _audit(tx: ledger.Conn, a: Approval, type: str, **extra: Any) -> None:
     )
 
 
-async def request(conn: ledger.Conn, new: NewApproval, *, also: Also | None = None) -> Requested:
+async def request(
+    conn: ledger.Conn, new: NewApproval, *, also: Also | None = None,
+    audit: Mapping[str, Any] | None = None,
+) -> Requested:
     """Persist a request for approval (or recognise it), in one short transaction.
 
     A pending request with another hash for the same intent is superseded by this one; an
@@ -164,7 +168,7 @@ async def request(conn: ledger.Conn, new: NewApproval, *, also: Also | None = No
         created = Approval.from_row(row)
         if superseded is not None:
             await _audit(tx, created, "approval.superseded", superseded=str(superseded))
-        await _audit(tx, created, "approval.requested", risk=new.risk)
+        await _audit(tx, created, "approval.requested", **{"risk": new.risk, **(audit or {})})
         if also is not None:
             await also(tx)
     return Requested("pending", approval=created, superseded=superseded)
@@ -202,10 +206,19 @@ async def history(conn: ledger.Conn, tenant_id: UUID, operation_id: UUID) -> lis
 _UNCHANGED = object()
 
 
+async def _record(
+    tx: ledger.Conn, pending: Approval, approver: str, verdict: decision_mod.Decision
+) -> None:
+    """The approver's policy decision, persisted with the approval it allowed or refused."""
+    await policy_repo.record_decision(
+        tx, verdict, tenant_id=pending.tenant_id, principal_id=approver, action=pending.action,
+        resource_id=pending.resource_id, operation_id=pending.operation_id, stage="approval")
+
+
 async def decide(
     conn: ledger.Conn, tenant_id: UUID, approval_id: UUID, *, approver: str, approve: bool,
     shown_hash: str, reason: str, approver_decision: decision_mod.Decision | None,
-    current_revision: str | None | object = _UNCHANGED, requires_revision: bool = False,
+    current_revision: str | object | None = _UNCHANGED, requires_revision: bool = False,
     also: Also | None = None,
 ) -> tuple[Approval, ledger.AdmitResult | None]:
     """Approve or deny one pending request.
@@ -252,6 +265,8 @@ async def decide(
             late = errors.StaleRevision(
                 "the record changed since the proposal; a new proposal and decision are needed")
         elif approve and (approver_decision is None or approver_decision.effect != "allow"):
+            if approver_decision is not None:
+                await _record(tx, pending, approver, approver_decision)
             if also is not None:
                 await also(tx)
             raise errors.PolicyDenied(
@@ -266,6 +281,8 @@ async def decide(
             decided = Approval.from_row(closed)
             await _audit(tx, decided, f"approval.{state}", decided_by=approver,
                          reason=reason[:500])
+            if approver_decision is not None:
+                await _record(tx, pending, approver, approver_decision)
             if also is not None:
                 await also(tx)
             if approve:

@@ -24,6 +24,7 @@ from uuid import UUID
 import asyncpg
 
 from agentledger import errors, faults
+from agentledger.approvals import repository as approvals
 from agentledger.connectors import base
 from agentledger.ledger import dispatch, repository
 
@@ -44,8 +45,15 @@ class Reconciler:
     lease_s: float = LEASE_S
 
     async def sweep(self, *, limit: int = 100) -> dict[UUID, Action]:
-        """One pass over every command that needs recovery; returns what was done."""
+        """One pass over every command that needs recovery; returns what was done.
+
+        Pending approvals past their expiry are expired first (audited), so nobody can
+        approve them later (R2.3).
+        """
         async with self.pool.acquire() as conn:
+            expired = await approvals.expire_due(conn, limit=limit)
+            if expired:
+                log.info("event=approvals_expired count=%d", len(expired))
             todo = await dispatch.needs_reconciliation(conn, limit=limit)
         done: dict[UUID, Action] = {}
         for item in todo:

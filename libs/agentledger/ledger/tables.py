@@ -252,3 +252,19 @@ approval_request = Table(
     Column("tracestate", Text),
 )
 
+
+# --- audit ledger (migration 0006) --------------------------------------------------------
+
+audit_event = Table(
+    "audit_event",
+    metadata,
+    Column("event_id", UUID(as_uuid=True), primary_key=True),
+    Column("seq", BigInteger, nullable=False),
+    Column("tenant_id", UUID(as_uuid=True), nullable=False),
+    Column("operation_id", UUID(as_uuid=True)),
+    Column("type", Text, nullable=False),
+    Column("payload", JSONB, nullable=False),
+    Column("traceparent", Text),
+    _ts("recorded_at", nullable=False, default_now=True),
+)
+
