@@ -13,6 +13,7 @@ import asyncio
 import os
 import random
 import signal
+import time
 from dataclasses import dataclass
 
 POINTS = frozenset({
@@ -66,21 +67,34 @@ def _parse(spec: str) -> dict[str, _Rule]:
 _RULES = _parse(os.environ.get("AGENTLEDGER_FAULT", ""))
 
 
-async def point(name: str) -> None:
-    """Pass a named fault point; does nothing unless AGENTLEDGER_FAULT names it."""
-    if not _RULES:
-        return
+def _fire(name: str) -> str | None:
+    """Apply kill / pause / raise; return "delay" for the caller to wait, else None."""
     rule = _RULES.get(name)
     if rule is None or not rule.fires():
-        return
+        return None
     if rule.action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif rule.action == "pause":
         os.kill(os.getpid(), signal.SIGSTOP)
-    elif rule.action == "delay":
-        await asyncio.sleep(2.0)
-    else:
+    elif rule.action == "raise":
         raise FaultInjected(name)
+    return rule.action
+
+
+# A delay long enough to push a worker past short test leases, short enough for CI.
+DELAY_S = 2.0
+
+
+async def point(name: str) -> None:
+    """Pass a named fault point; does nothing unless AGENTLEDGER_FAULT names it."""
+    if _RULES and _fire(name) == "delay":
+        await asyncio.sleep(DELAY_S)
+
+
+def point_sync(name: str) -> None:
+    """The same, for the relay's replication thread."""
+    if _RULES and _fire(name) == "delay":
+        time.sleep(DELAY_S)
 
 
 def reload(spec: str | None = None) -> None:

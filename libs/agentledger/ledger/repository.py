@@ -21,7 +21,7 @@ from uuid import UUID
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from agentledger import errors, sql
+from agentledger import errors, faults, sql
 
 # A plain connection or one borrowed from a pool: every function here takes either.
 Conn = asyncpg.Connection | PoolConnectionProxy
@@ -200,6 +200,7 @@ async def admit(
         result = await admit_in(tx, cmd, audit=audit)
         if also is not None:
             await also(tx, result)
+        await faults.point("admission.before_commit")
     return result
 
 

@@ -19,6 +19,7 @@ from typing import Any, cast
 from confluent_kafka.admin import AdminClient
 from opentelemetry.metrics import MeterProvider
 
+from agentledger import faults
 from agentledger.relay import (
     checkpoint,
     errors,
@@ -241,6 +242,7 @@ class Relay:
         txns, rows = s.checkpoint.sweepable(self.opts.sweep_batch)
         if not txns:
             return
+        faults.point_sync("relay.after_produce")  # acknowledged by Kafka, LSN not yet flushed
         if rows:
             repository.sweep(ctrl, rows)
         lsn = s.checkpoint.swept(txns)
