@@ -55,7 +55,8 @@ def create_app(settings: AdmissionSettings | None = None) -> FastStream:
             decision_ttl=timedelta(seconds=cfg.decision_ttl_s),
             approval_ttl=timedelta(seconds=cfg.approval_ttl_s),
         ), group_id=cfg.group_id, proposals_topic=cfg.proposals_topic,
-            admissions_topic=cfg.admissions_topic)
+            admissions_topic=cfg.admissions_topic, group_instance_id=cfg.group_instance_id,
+            session_timeout_ms=cfg.session_timeout_ms)
 
     @app.after_shutdown
     async def stop() -> None:

@@ -15,6 +15,7 @@ from agentledger.kafka import handling
 def register(
     broker: KafkaBroker, admitter: admission.Admitter, *, group_id: str,
     proposals_topic: str = topics.PROPOSALS, admissions_topic: str = topics.ADMISSIONS,
+    group_instance_id: str | None = None, session_timeout_ms: int = 10_000,
 ) -> None:
     """Subscribe admission to ``agent.proposals.v1``; answers go to ``agent.admissions.v1``."""
 
@@ -30,6 +31,8 @@ def register(
     broker.subscriber(
         proposals_topic,
         group_id=group_id,
+        group_instance_id=group_instance_id,
+        session_timeout_ms=session_timeout_ms,
         auto_offset_reset="earliest",
         # Commit only after the handler (and its publish) succeeded; on a retryable error
         # seek back and redeliver. Poison messages are dead-lettered and acked by `guarded`.

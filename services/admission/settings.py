@@ -29,6 +29,11 @@ class AdmissionSettings(BaseSettings):
     # tenant id → a read-only CRM token, as JSON; resolution never needs more than read.
     crm_read_tokens: dict[str, str] = Field(default_factory=dict)
     group_id: str = "agentledger-admission"
+    # Static membership (a stable id per pod, e.g. the StatefulSet pod name): a restarted
+    # instance takes its partitions back at once instead of waiting out a rebalance.
+    group_instance_id: str | None = None
+    # How long a silent member keeps its partitions; 10 s bounds the stall after a crash.
+    session_timeout_ms: int = 10_000
     # Overridable so isolated environments (tests, staging tenants) can share one cluster.
     proposals_topic: str = topics.PROPOSALS
     admissions_topic: str = topics.ADMISSIONS

@@ -52,7 +52,8 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
             authorizer=policy_repo.CedarAuthorizer(), allowlist=rules,
             worker_id=cfg.worker_id or f"executor-{socket.gethostname()}-{os.getpid()}",
             lease_s=cfg.lease_s,
-        ), running, topic=topic, group_id=group)
+        ), running, topic=topic, group_id=group, group_instance_id=cfg.group_instance_id,
+            session_timeout_ms=cfg.session_timeout_ms)
 
     @app.after_shutdown
     async def stop() -> None:

@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 
 def register(
     broker: KafkaBroker, work: dispatcher.Dispatcher, running: inflight.InFlight, *,
-    topic: str, group_id: str,
+    topic: str, group_id: str, group_instance_id: str | None = None,
+    session_timeout_ms: int = 10_000,
 ) -> None:
     async def on_exec(msg: KafkaMessage) -> None:
         request = ExecRequestV1.model_validate_json(msg.body)  # poison → DLQ via `guarded`
@@ -44,6 +45,7 @@ def register(
 
     broker.subscriber(
         topic, group_id=group_id, auto_offset_reset="earliest",
+        group_instance_id=group_instance_id, session_timeout_ms=session_timeout_ms,
         # Commit after the claim committed; redeliver on retryable errors; poison → DLQ.
         ack_policy=AckPolicy.NACK_ON_ERROR,
     )(handling.guarded(broker, on_exec))

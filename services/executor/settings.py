@@ -16,6 +16,11 @@ class ExecutorSettings(BaseSettings):
     connector: str = "crm"
     exec_topic: str | None = None  # default exec.<connector>.v1; tests use their own
     group_id: str | None = None    # default agentledger-executor-<connector>
+    # Static membership (a stable id per pod, e.g. the StatefulSet pod name): a restarted
+    # instance takes its partitions back at once instead of waiting out a rebalance.
+    group_instance_id: str | None = None
+    # How long a silent member keeps its partitions; 10 s bounds the stall after a crash.
+    session_timeout_ms: int = 10_000
     db_role: str | None = "agentledger_executor"
     crm_url: str = "http://127.0.0.1:8090"
     # {connector: {tenant id: write-scoped token}}: loaded only by the executor (R1.7).

@@ -18,4 +18,6 @@ class ReconcilerSettings(BaseSettings):
     # lease, a dead worker's command is recovered within lease + period.
     period_s: float = 5.0
     batch: int = 100
+    # A lookup is one read; the lease covers it and the bookkeeping.
+    lease_s: float = 30.0
     worker_id: str = "reconciler"
