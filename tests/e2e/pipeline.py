@@ -11,7 +11,7 @@ import base64
 import json
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -50,6 +50,7 @@ class Pipeline:
     customer: str
     tokens: dict[str, str]
     services: dict[str, processes.Service] = field(default_factory=dict)
+    ready: dict[str, Any] = field(default_factory=dict)  # readiness probe per service
     seen: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def topic(self, name: str) -> str:
@@ -148,7 +149,10 @@ async def _approve(database_url: str, tenant: uuid.UUID, op: uuid.UUID, approver
 
 @contextmanager
 def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Path,
-             *, executor_env: dict[str, str] | None = None) -> Iterator[Pipeline]:
+             *, executor_env: dict[str, str] | None = None,
+             env: Mapping[str, Mapping[str, str]] | None = None) -> Iterator[Pipeline]:
+    """Start the pipeline; ``env`` adds variables per service name (``relay``, ``admission``,
+    ``executor-crm``, ``executor-billing``, ``reconciler``)."""
     tag = uuid.uuid4().hex[:8]
     ns, slot = f"e2e{tag}.", f"e2e_{tag}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -164,9 +168,11 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
         stack.callback(relay_support.delete_namespace_topics, admin, ns)
         stack.callback(relay_support.drop_slot, database_url, slot)
 
-        def start(name: str, module: str, env: dict[str, str], ready: Any, timeout: float = 90) -> None:
+        def start(name: str, module: str, own: dict[str, str], ready: Any, timeout: float = 90) -> None:
             p.services[name] = stack.enter_context(processes.running(
-                module, {**common, **env}, logs / f"{name}.log", ready=ready, timeout=timeout))
+                module, {**common, **own, **(env or {}).get(name, {})}, logs / f"{name}.log",
+                ready=ready, timeout=timeout))
+            p.ready[name] = ready
 
         start("relay", "agentledger.services.relay", {
             "AGENTLEDGER_RELAY_SLOT": slot, "AGENTLEDGER_RELAY_TOPIC_NAMESPACE": ns,
