@@ -1,0 +1,176 @@
+"""The run's headline figures and ratios, and their JSON, Markdown and PNG forms."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bench import stats
+
+# (key, unit, what it is) in the order the table shows them.
+ROWS: list[tuple[str, str, str]] = [
+    ("pg_limit_tps", "tx/s", "pgbench, seed admission tx (ledger + outbox), best of 1/8/32"),
+    ("pg_limit_full_tps", "tx/s", "pgbench, every statement of repository.admit, RLS role"),
+    ("admission_tps", "adm/s", "Admitter.admit in-process, best of 1/8/32 tasks"),
+    ("admission_ratio", "ratio", "admission_tps / pg_limit_tps"),
+    ("admission_ratio_full", "ratio", "admission_tps / pg_limit_full_tps"),
+    ("admission_service_tps", "adm/s", "admission service: proposals on Kafka → results on Kafka"),
+    ("admission_service_ratio", "ratio", "admission_service_tps / pg_limit_tps"),
+    ("relay_lag_ms_p50", "ms", "commit → Kafka ack, steady rate"),
+    ("relay_lag_ms_p99", "ms", "commit → Kafka ack, steady rate"),
+    ("e2e_cmds_per_s", "cmd/s", "proposal → CRM note → outcome persisted, 2 executors"),
+    ("e2e_ms_p50", "ms", "proposal produced → ledger finished_at, at half that rate"),
+    ("e2e_ms_p99", "ms", "proposal produced → ledger finished_at, at half that rate"),
+    ("e2e_cmds_per_s_slow_provider", "cmd/s", "same, CRM delays every note by 200 ms"),
+    ("e2e_slow_to_fast", "ratio", "e2e_cmds_per_s_slow_provider / e2e_cmds_per_s"),
+    ("e2e_ratio_to_pg_limit", "ratio", "e2e_cmds_per_s / pg_limit_tps"),
+    ("peer_name", "", "the peer engine"),
+    ("peer_cmds_per_s", "cmd/s", "peer, same workload, 2 instances"),
+    ("peer_ms_p50", "ms", "peer, proposal produced → receipt persisted"),
+    ("peer_ms_p99", "ms", "peer, proposal produced → receipt persisted"),
+    ("peer_cmds_per_s_slow_provider", "cmd/s", "peer, CRM delays every note by 200 ms"),
+    ("ours_to_peer_cmds_per_s", "ratio", "e2e_cmds_per_s / peer_cmds_per_s (>1: we are faster)"),
+    ("ours_to_peer_slow_provider", "ratio", "the same with the slow CRM"),
+    ("ours_to_peer_ms_p50", "ratio", "e2e_ms_p50 / peer_ms_p50 (<1: we are faster)"),
+    ("ours_to_peer_ms_p99", "ratio", "e2e_ms_p99 / peer_ms_p99 (<1: we are faster)"),
+    ("e2e_cpu_s_per_1000", "CPU s", "our services' CPU per 1,000 commands (burst)"),
+    ("peer_cpu_s_per_1000", "CPU s", "the peer's CPU per 1,000 commands (burst)"),
+    ("admission_library_cpu_s_per_1000", "CPU s", "in-process Admitter CPU per 1,000 admissions"),
+    ("admission_service_cpu_s_per_1000", "CPU s", "admission service CPU per 1,000 admissions"),
+]
+
+
+def _get(d: dict[str, Any] | None, *path: str) -> Any:
+    for key in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(key)
+    return d
+
+
+def figures(details: dict[str, Any]) -> dict[str, Any]:
+    """The headline figures from the phases' details (missing phases give None)."""
+    pg, adm = details.get("pg_limit"), details.get("admission")
+    svc = details.get("admission_service")
+    relay, e2e, peer = details.get("relay_lag"), details.get("e2e"), details.get("peer")
+    f: dict[str, Any] = {
+        "pg_limit_tps": _get(pg, "pg_limit_tps"),
+        "pg_limit_full_tps": _get(pg, "pg_limit_full_tps"),
+        "admission_tps": _get(adm, "admission_tps"),
+        "admission_service_tps": _get(svc, "admission_service_tps"),
+        "relay_lag_ms_p50": _get(relay, "lag_ms", "p50"),
+        "relay_lag_ms_p99": _get(relay, "lag_ms", "p99"),
+        "e2e_cmds_per_s": _get(e2e, "burst", "cmds_per_s"),
+        "e2e_ms_p50": _get(e2e, "steady", "ms_p50"),
+        "e2e_ms_p99": _get(e2e, "steady", "ms_p99"),
+        "e2e_cmds_per_s_slow_provider": _get(e2e, "burst_slow_provider", "cmds_per_s"),
+        "peer_name": None if _get(peer, "error") else _get(peer, "config", "version"),
+        "peer_cmds_per_s": _get(peer, "burst", "cmds_per_s"),
+        "peer_ms_p50": _get(peer, "steady", "ms_p50"),
+        "peer_ms_p99": _get(peer, "steady", "ms_p99"),
+        "peer_cmds_per_s_slow_provider": _get(peer, "burst_slow_provider", "cmds_per_s"),
+        "peer_error": _get(peer, "error"),
+        "e2e_cpu_s_per_1000": _get(e2e, "burst", "cpu_s_per_1000"),
+        "peer_cpu_s_per_1000": _get(peer, "burst", "cpu_s_per_1000"),
+        "admission_library_cpu_s_per_1000": min(
+            (r["cpu_s_per_1000"] for r in _get(adm, "admission_library") or []
+             if r.get("cpu_s_per_1000") is not None), default=None),
+        "admission_service_cpu_s_per_1000": _get(svc, "admission_service", "cpu_s_per_1000"),
+    }
+    f["admission_ratio"] = stats.ratio(f["admission_tps"], f["pg_limit_tps"])
+    f["admission_ratio_full"] = stats.ratio(f["admission_tps"], f["pg_limit_full_tps"])
+    f["admission_service_ratio"] = stats.ratio(f["admission_service_tps"], f["pg_limit_tps"])
+    f["e2e_slow_to_fast"] = stats.ratio(f["e2e_cmds_per_s_slow_provider"], f["e2e_cmds_per_s"])
+    f["e2e_ratio_to_pg_limit"] = stats.ratio(f["e2e_cmds_per_s"], f["pg_limit_tps"])
+    f["ours_to_peer_cmds_per_s"] = stats.ratio(f["e2e_cmds_per_s"], f["peer_cmds_per_s"])
+    f["ours_to_peer_slow_provider"] = stats.ratio(f["e2e_cmds_per_s_slow_provider"],
+                                                  f["peer_cmds_per_s_slow_provider"])
+    f["ours_to_peer_ms_p50"] = stats.ratio(f["e2e_ms_p50"], f["peer_ms_p50"])
+    f["ours_to_peer_ms_p99"] = stats.ratio(f["e2e_ms_p99"], f["peer_ms_p99"])
+    rss: dict[str, Any] = {}
+    for phase in ("e2e", "peer"):
+        rss.update(_get(details.get(phase), "peak_rss_mb") or {})
+    rss["crm"] = _get(e2e, "crm_peak_rss_mb", "crm")
+    rss["admission (alone)"] = _get(svc, "admission_service", "peak_rss_mb")
+    rss["relay (lag phase)"] = _get(relay, "relay_peak_rss_mb")
+    f["peak_rss_mb"] = {k: v for k, v in rss.items() if v is not None}
+    return f
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
+    return str(value)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    f, run = result["figures"], result["run"]
+    lines = [
+        "# agentledger benchmark — latest run", "",
+        f"{run['started_at']} · {run['duration_s']} s · commit `{run['git_commit']}`"
+        f" · {run['host_cpus']} CPUs · load {run['load_avg_start']} → {run['load_avg_end']}", "",
+        "| figure | value | unit | what |", "| --- | ---: | --- | --- |",
+    ]
+    lines += [f"| `{k}` | {_cell(f.get(k))} | {u} | {w} |" for k, u, w in ROWS]
+    lines += ["", "Peak RSS per process (MiB):", "",
+              "| process | MiB |", "| --- | ---: |"]
+    lines += [f"| {n} | {_cell(v)} |" for n, v in sorted(f["peak_rss_mb"].items())]
+    if f.get("peer_error"):
+        lines += ["", f"Peer not measured: `{f['peer_error']}`"]
+    errors = {k: v for k, v in result.get("errors", {}).items() if v}
+    if errors:
+        lines += ["", "Phases that failed:", ""] + [f"- {k}: `{v}`" for k, v in errors.items()]
+    lines += ["", "How to read these figures: bench/README.md.", ""]
+    return "\n".join(lines)
+
+
+def chart(result: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    f = result["figures"]
+    rates = [("Postgres\nseed tx", f["pg_limit_tps"]),
+             ("Postgres\nadmit stmts", f["pg_limit_full_tps"]),
+             ("admission\nlibrary", f["admission_tps"]),
+             ("admission\nservice", f["admission_service_tps"]),
+             ("e2e", f["e2e_cmds_per_s"]), ("e2e\nslow CRM", f["e2e_cmds_per_s_slow_provider"]),
+             ("peer", f["peer_cmds_per_s"]), ("peer\nslow CRM", f["peer_cmds_per_s_slow_provider"])]
+    lat = [("relay lag", f["relay_lag_ms_p50"], f["relay_lag_ms_p99"]),
+           ("e2e", f["e2e_ms_p50"], f["e2e_ms_p99"]),
+           ("peer", f["peer_ms_p50"], f["peer_ms_p99"])]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [2, 1]})
+    colours = ["#888888"] * 2 + ["#1f77b4"] * 4 + ["#ff7f0e"] * 2
+    left.bar([n for n, _ in rates], [v or 0 for _, v in rates], color=colours)
+    left.set_yscale("log")
+    left.set_ylabel("per second (log scale)")
+    left.set_title("Throughput: grey = Postgres limit, blue = agentledger, orange = peer")
+    for i, (_, v) in enumerate(rates):
+        left.annotate("n/a" if v is None else f"{v:,.0f}", (i, v or 1), ha="center",
+                      va="bottom", fontsize=8)
+    xs = range(len(lat))
+    right.bar([x - 0.2 for x in xs], [p50 or 0 for _, p50, _ in lat], width=0.4, label="p50")
+    right.bar([x + 0.2 for x in xs], [p99 or 0 for _, _, p99 in lat], width=0.4, label="p99")
+    right.set_xticks(list(xs), [n for n, _, _ in lat])
+    right.set_ylabel("ms")
+    right.set_title("Latency")
+    right.legend()
+    run = result["run"]
+    fig.suptitle(f"agentledger bench · {run['started_at']} · {run['host_cpus']} CPUs, shared box",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def write(result: dict[str, Any], directory: Path, name: str = "latest") -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [directory / f"{name}.json", directory / f"{name}.md", directory / f"{name}.png"]
+    paths[0].write_text(json.dumps(result, indent=2, sort_keys=False, default=str) + "\n")
+    paths[1].write_text(markdown(result))
+    chart(result, paths[2])
+    return paths
