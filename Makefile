@@ -38,6 +38,10 @@ test: bootstrap ## Run the test suite against real Kafka and PostgreSQL (started
 test-unit: bootstrap ## Only the tests without I/O
 	@$(PY) -m pytest tests/unit
 
+.PHONY: bench
+bench: bootstrap ## Benchmark vs pgbench and DBOS in one run (~8 min) → bench/results/latest.*
+	@if [ -f $(ENV_FILE) ]; then . $(ENV_FILE); fi; $(PY) -m bench
+
 lint: bootstrap ## ruff + mypy (strict)
 	@.venv/bin/ruff check libs services tests
 	@.venv/bin/mypy

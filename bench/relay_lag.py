@@ -31,6 +31,7 @@ from tests.integration.relay import support
 
 from agentledger import migrations, settings
 from agentledger.relay import options, stream
+from bench import procstats, stats
 
 
 def _relay_child(opts: options.RelayOptions, stop: Any, ready: Any, out: Any) -> None:
@@ -60,10 +61,8 @@ def _relay_child(opts: options.RelayOptions, stop: Any, ready: Any, out: Any) ->
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    index = min(len(sorted_values) - 1, max(0, round(q * len(sorted_values)) - 1))
-    return sorted_values[index]
+    value = stats.percentile(sorted_values, q)
+    return float("nan") if value is None else value
 
 
 def _admin(url: str, sql: str) -> None:
@@ -76,16 +75,23 @@ def _admin(url: str, sql: str) -> None:
         conn.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--rate", type=float, default=200.0, help="commands per second")
-    args = parser.parse_args(argv)
+def run(*, seconds: float, rate: float, database_url: str | None = None) -> dict[str, Any]:
+    """Measure relay lag; returns the figures as a dict.
 
+    Args:
+        seconds: how long to admit at the steady rate.
+        rate: commands per second.
+        database_url: a fresh migrated database to use; by default one is created (and
+            dropped) on the server of AGENTLEDGER_DATABASE_URL.
+    """
     common = settings.load()
-    name = f"al_bench_relay_{uuid.uuid4().hex[:8]}"
-    _admin(common.database_url, f'CREATE DATABASE "{name}"')
-    url = urlunsplit(urlsplit(common.database_url)._replace(path="/" + name))
+    name: str | None = None
+    if database_url is None:
+        name = f"al_bench_relay_{uuid.uuid4().hex[:8]}"
+        _admin(common.database_url, f'CREATE DATABASE "{name}"')
+        url = urlunsplit(urlsplit(common.database_url)._replace(path="/" + name))
+    else:
+        url = database_url
     tag = uuid.uuid4().hex[:8]
     opts = options.RelayOptions(
         database_url=url, kafka_bootstrap=common.kafka_bootstrap,
@@ -97,16 +103,17 @@ def main(argv: list[str] | None = None) -> int:
     child = ctx.Process(target=_relay_child, args=(opts, stop, ready, send), name="relay")
     rows = 0
     try:
-        asyncio.run(migrations.migrate(url, settings.REPO_ROOT / "migrations"))
+        if name is not None:
+            asyncio.run(migrations.migrate(url, settings.REPO_ROOT / "migrations"))
         child.start()
         if not ready.wait(60):
             raise SystemExit("relay did not start streaming within 60 s")
         conn = psycopg2.connect(url)
         tenants = [uuid.uuid4() for _ in range(16)]
-        interval = 1.0 / args.rate
+        interval = 1.0 / rate
         start = time.monotonic()
         next_at = start
-        while time.monotonic() - start < args.seconds:
+        while time.monotonic() - start < seconds:
             with conn, conn.cursor() as cur:
                 command = support.new_command(tenants[rows % 16], support.CONNECTORS[rows % 3])
                 support.admit(cur, command)
@@ -120,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         deadline = time.monotonic() + 60
         while support.outbox_count(url) and time.monotonic() < deadline:
             time.sleep(0.1)
+        peak_rss = procstats.peak_rss_mb(child.pid) if child.pid else None
         stop.set()
         samples = sorted(receive.recv() if receive.poll(60) else [])
         child.join(30)
@@ -130,13 +138,14 @@ def main(argv: list[str] | None = None) -> int:
         if child.pid is not None:
             child.join(10)
         support.drop_slot(url, opts.slot)
-        _admin(common.database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if name is not None:
+            _admin(common.database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         support.delete_namespace_topics(
             AdminClient({"bootstrap.servers": common.kafka_bootstrap}), opts.topic_namespace
         )
-    print(json.dumps({
+    return {
         "benchmark": "relay_lag",
-        "rate_target_per_s": args.rate,
+        "rate_target_per_s": rate,
         "rate_achieved_per_s": round(rows / elapsed, 1),
         "seconds": round(elapsed, 1),
         "rows": rows,
@@ -147,9 +156,19 @@ def main(argv: list[str] | None = None) -> int:
             "max": round(samples[-1], 2) if samples else None,
             "mean": round(statistics.fmean(samples), 2) if samples else None,
         },
+        "relay_peak_rss_mb": peak_rss,
         "host_cpus": os.cpu_count(),
-    }))
-    return 0 if len(samples) >= rows else 1
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--rate", type=float, default=200.0, help="commands per second")
+    args = parser.parse_args(argv)
+    result = run(seconds=args.seconds, rate=args.rate)
+    print(json.dumps(result))
+    return 0 if result["acknowledged"] >= result["rows"] else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,98 @@
+"""End to end: proposal on Kafka → admission → ledger → relay → 2 executors → CRM → outcome.
+
+Every service runs as ``python -m agentledger.services.<name>`` through the e2e tests'
+``pipeline`` (fresh database, namespaced topics, the CRM with fault injection), plus a
+second executor for the ``crm`` connector in the same consumer group. The slow provider is
+the CRM's ``delay`` fault on every note: 200 ms before each note is handled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka.admin import AdminClient
+from tests.e2e.pipeline import pipeline
+from tests.integration import processes
+from tests.integration.crm.conftest import Crm
+
+from bench import procstats, profile, workload
+
+SLOW_PROVIDER_MS = 200
+# Seconds for two executors to join one group and settle its partitions (a rebalance).
+JOIN_TIMEOUT = 90.0
+FINISHED_SQL = (
+    "SELECT operation_id::text, extract(epoch FROM finished_at) FROM agent_command"
+    " WHERE operation_id = ANY(%s::uuid[]) AND state = 'succeeded'"
+)
+
+
+def group_members(bootstrap: str, group: str) -> int:
+    try:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        desc = admin.describe_consumer_groups([group])[group].result(timeout=5)
+    except Exception:
+        return 0
+    return len(desc.members) if str(desc.state).endswith("STABLE") else 0
+
+
+def slow_provider(crm: Crm) -> Callable[[bool], None]:
+    """Arms (True) or clears (False) the CRM's delay on every note."""
+    def arm(on: bool) -> None:
+        if on:
+            asyncio.run(crm.arm({"match": {"method": "POST", "path_prefix": "/v1/customers/"},
+                                   "action": "delay", "delay_ms": SLOW_PROVIDER_MS,
+                                   "times": None}))
+        else:
+            asyncio.run(crm.disarm())
+    return arm
+
+
+def run(bootstrap: str, ledger_url: str, crm_url: str, logs: Path, *, burst_size: int,
+        steady_s: float, timeout: float, profile_to: Path | None = None) -> dict[str, Any]:
+    """Measure the pipeline; returns the workload figures and the processes' costs."""
+    with pipeline(bootstrap, ledger_url, crm_url, logs) as p:
+        first = p.services["executor-crm"]
+        group = first.env["AGENTLEDGER_EXECUTOR_GROUP_ID"]
+        with processes.running(first.module, first.env, logs / "executor-crm-2.log",
+                               ready=lambda: group_members(bootstrap, group) >= 2,
+                               timeout=JOIN_TIMEOUT) as second:
+            pids = {name: s.proc.pid for name, s in p.services.items() if s.proc}
+            pids["executor-crm-2"] = second.proc.pid if second.proc else 0
+            crm_pid = procstats.child_pid("agentledger.services.crm")
+            ours = procstats.Group(pids)
+            target = workload.Target(bootstrap, p.topic("agent.proposals.v1"), p.tenant,
+                                     p.customer, ledger_url, FINISHED_SQL)
+            crm_cpu = procstats.Group({"crm": crm_pid} if crm_pid else {})
+            before = crm_cpu.cpu()
+            executor_pid = pids["executor-crm"]
+
+            def around_burst() -> AbstractContextManager[Any]:
+                if profile_to is None:
+                    return nullcontext()
+                return profile.recording(executor_pid, profile_to)
+
+            result = workload.measure(target, burst_size=burst_size, steady_s=steady_s,
+                                      timeout=timeout, processes=ours, slow=slow_provider(p.crm),
+                                      around_burst=around_burst)
+            result["crm_cpu_s"] = {n: round(c - before.get(n, 0.0), 1)
+                                   for n, c in crm_cpu.cpu().items()}
+            result["crm_peak_rss_mb"] = crm_cpu.peak_rss()
+            result["topic_partitions"] = {"proposals": 3, "exec": 3}
+        tag = p.ns.removeprefix("e2e").rstrip(".")
+    forget_groups(bootstrap, [f"admission-{tag}", f"executor-crm-{tag}",
+                              f"executor-billing-{tag}"])
+    return result
+
+
+def forget_groups(bootstrap: str, groups: list[str]) -> None:
+    """Delete the run's consumer groups; best effort (the broker also expires empty ones)."""
+    futures = AdminClient({"bootstrap.servers": bootstrap}).delete_consumer_groups(groups)
+    for future in futures.values():
+        try:
+            future.result(10)
+        except Exception:  # noqa: S110 -- already gone, or members still leaving: either way
+            pass

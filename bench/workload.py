@@ -1,0 +1,170 @@
+"""The workload every system gets: note proposals on Kafka, then completions read back.
+
+The same three steps measure our pipeline and the peer: a warm-up, a burst (every proposal
+produced at once; throughput is the steady-state completion rate of the burst), and a steady
+phase at half that rate (latency from produce time to the persisted outcome, with queues
+short). Completion times come from the database clock (``finished_at``), produce times from
+this host's clock: the same machine, so the two compare.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg2
+from confluent_kafka import Producer
+
+from bench import procstats, stats
+
+# Completions are polled, not pushed; a quarter second is far below the spans measured.
+POLL_S = 0.25
+# A system that finishes nothing new for this long is stuck: report what it finished.
+STALL_S = 30.0
+# The steady phase offers this share of the measured burst throughput, so queues stay short
+# and the latency is the pipeline's own, not time spent waiting behind the burst.
+STEADY_SHARE = 0.5
+
+
+def proposal(tenant: str, customer: str, op: uuid.UUID) -> bytes:
+    """One ``agent.proposals.v1`` record for a CRM note, as the planner would send it."""
+    return json.dumps({
+        "schema": "agentledger.proposal.v1", "proposal_id": str(uuid.uuid4()),
+        "tenant_id": tenant, "principal_id": "user:alice", "operation_id": str(op),
+        "action": "crm.note.create",
+        "arguments": {"customer_id": customer, "body": f"bench note {op}"},
+        "target": customer, "expected_revision": None, "planner": {"name": "bench"},
+        "created_at": datetime.now(UTC).isoformat(),
+    }).encode()
+
+
+@dataclass
+class Target:
+    """Where proposals go and where completions are read."""
+
+    bootstrap: str
+    topic: str
+    tenant: str
+    customer: str
+    database_url: str
+    # SELECT operation_id::text, epoch of completion FROM ... WHERE operation_id = ANY(%s::uuid[])
+    finished_sql: str
+
+
+def produce(target: Target, count: int, rate: float | None = None) -> dict[str, float]:
+    """Produce ``count`` proposals (at ``rate`` per second, or at once); op id → produce time."""
+    producer = Producer({"bootstrap.servers": target.bootstrap, "enable.idempotence": True,
+                         "acks": "all", "linger.ms": 2})
+    started: dict[str, float] = {}
+    begin = time.monotonic()
+    for i in range(count):
+        if rate:
+            pause = begin + i / rate - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)  # pacing the offered rate, not waiting for a condition
+        op = uuid.uuid4()
+        started[str(op)] = time.time()
+        traceparent = f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01".encode()
+        while True:
+            try:
+                producer.produce(target.topic, key=target.tenant.encode(),
+                                 value=proposal(target.tenant, target.customer, op),
+                                 headers=[("traceparent", traceparent)])
+                break
+            except BufferError:
+                producer.poll(0.05)  # the local queue is full: let deliveries drain
+        producer.poll(0)
+    if producer.flush(60) != 0:
+        raise RuntimeError("proposals were not all delivered to Kafka within 60 s")
+    return started
+
+
+def finished(target: Target, ops: list[str]) -> dict[str, float]:
+    conn = psycopg2.connect(target.database_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(target.finished_sql, (ops,))
+            return {str(op): float(at) for op, at in cur.fetchall()}
+    finally:
+        conn.close()
+
+
+def wait_finished(target: Target, ops: list[str], timeout: float) -> dict[str, float]:
+    """Completions of ``ops``, once all are in, the deadline passes, or progress stalls."""
+    deadline = time.monotonic() + timeout
+    done: dict[str, float] = {}
+    progress_at = time.monotonic()
+    while time.monotonic() < deadline:
+        now_done = finished(target, ops)
+        if len(now_done) > len(done):
+            progress_at = time.monotonic()
+        done = now_done
+        if len(done) == len(ops) or time.monotonic() - progress_at > STALL_S:
+            break
+        time.sleep(POLL_S)  # polling the database for completions with a deadline
+    return done
+
+
+def burst(target: Target, count: int, timeout: float,
+          processes: procstats.Group | None = None) -> dict[str, Any]:
+    """All proposals at once: steady-state throughput and CPU per 1,000 commands."""
+    cpu_before = processes.cpu() if processes else {}
+    started = produce(target, count)
+    done = wait_finished(target, list(started), timeout)
+    cpu_after = processes.cpu() if processes else {}
+    first = min(started.values())
+    result: dict[str, Any] = {
+        "offered": count, "completed": len(done),
+        "cmds_per_s": stats.rounded(stats.steady_rate(list(done.values()))),
+        "wall_s": round(max(done.values()) - first, 1) if done else None,
+    }
+    if processes:
+        result["cpu_s_per_1000"] = procstats.cpu_per_1000(cpu_before, cpu_after, len(done))
+        result["cpu_s_per_1000_by_process"] = {
+            n: procstats.cpu_per_1000(cpu_before, cpu_after, len(done), [n]) for n in cpu_after}
+    return result
+
+
+def steady(target: Target, rate: float, seconds: float, timeout: float) -> dict[str, Any]:
+    """Proposals at a steady ``rate``: latency from produce time to persisted outcome."""
+    started = produce(target, max(10, round(rate * seconds)), rate=rate)
+    done = wait_finished(target, list(started), timeout)
+    latencies = stats.latencies_ms(started, done)
+    return {
+        "rate_offered_per_s": round(rate, 1), "offered": len(started), "completed": len(done),
+        "ms_p50": stats.rounded(stats.percentile(latencies, 0.50)),
+        "ms_p99": stats.rounded(stats.percentile(latencies, 0.99)),
+        "ms_max": stats.rounded(max(latencies) if latencies else None),
+    }
+
+
+def measure(target: Target, *, burst_size: int, steady_s: float, timeout: float,
+            processes: procstats.Group | None = None,
+            slow: Callable[[bool], None] | None = None,
+            around_burst: Callable[[], AbstractContextManager[Any]] = nullcontext,
+            ) -> dict[str, Any]:
+    """Warm-up, burst, steady; then, with ``slow(True)`` armed, a second burst.
+
+    ``around_burst`` wraps the first burst (a profiler, for instance).
+    """
+    warm = wait_finished(target, list(produce(target, 20)), timeout)
+    out: dict[str, Any] = {"warmup_completed": len(warm)}
+    with around_burst():
+        out["burst"] = burst(target, burst_size, timeout, processes)
+    throughput = out["burst"]["cmds_per_s"] or 10.0
+    out["steady"] = steady(target, max(5.0, STEADY_SHARE * throughput), steady_s, timeout)
+    if slow is not None:
+        slow(True)
+        try:
+            out["burst_slow_provider"] = burst(target, burst_size, timeout, processes)
+        finally:
+            slow(False)
+    if processes:
+        out["peak_rss_mb"] = processes.peak_rss()
+    return out
