@@ -1,4 +1,5 @@
-"""The whole pipeline as real processes: CRM, admission, relay, executors, reconciler.
+"""The whole pipeline as real processes: CRM, admission, relay, executors, reconciler
+(and, on request, the approvals console).
 
 Every service runs as ``python -m agentledger.services.<name>`` against the real broker and a
 fresh database; topics live under a per-run namespace so runs never see each other.
@@ -23,6 +24,7 @@ import psycopg2
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
+from agentledger import identity
 from tests.helpers import wait_until
 from tests.integration import identities, processes
 from tests.integration.crm.conftest import Crm, run_crm
@@ -40,6 +42,27 @@ def slot_active(database_url: str, slot: str) -> bool:
     return bool(row and row[0])
 
 
+@dataclass(frozen=True)
+class SessionIssuer:
+    """A development identity provider: issues the session tokens ingress and the console accept."""
+
+    private_pem: str
+    public_pem: str
+    kid: str = "idp-test"
+    issuer: str = "agentledger-test-idp"
+    audience: str = "agentledger-ingress"
+
+    @classmethod
+    def generate(cls) -> SessionIssuer:
+        private_pem, public_pem = identity.generate_keypair("EdDSA")
+        return cls(private_pem, public_pem)
+
+    def issue(self, tenant: str, principal: str, roles: list[str], ttl_s: int = 3600) -> str:
+        return identity.issue_session(self.private_pem, self.kid, tenant_id=uuid.UUID(tenant),
+                                      subject=principal, audience=self.audience,
+                                      issuer=self.issuer, ttl_s=ttl_s, roles=roles)
+
+
 @dataclass
 class Pipeline:
     bootstrap: str
@@ -52,6 +75,11 @@ class Pipeline:
     services: dict[str, processes.Service] = field(default_factory=dict)
     ready: dict[str, Any] = field(default_factory=dict)  # readiness probe per service
     seen: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # With the console only: its URL, the identity provider of its sessions, and a second
+    # tenant (tenant id → customer id) whose requests the first tenant must never see.
+    console_url: str | None = None
+    sessions: SessionIssuer | None = None
+    others: dict[str, str] = field(default_factory=dict)
 
     def topic(self, name: str) -> str:
         return self.ns + name
@@ -60,16 +88,21 @@ class Pipeline:
         return Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "acks": "all"})
 
     def propose(self, action: str, arguments: dict[str, Any], *, operation_id: uuid.UUID | None = None,
-                expected_revision: str | None = None) -> uuid.UUID:
+                expected_revision: str | None = None, tenant: str | None = None,
+                evidence: list[dict[str, Any]] | None = None) -> uuid.UUID:
+        """Publish a signed proposal (default: the first tenant's customer, by user:alice)."""
         op = operation_id or uuid.uuid4()
+        tenant = tenant or self.tenant
+        customer = self.customer if tenant == self.tenant else self.others[tenant]
         body = {"schema": "agentledger.proposal.v1", "proposal_id": str(uuid.uuid4()),
-                "tenant_id": self.tenant, "principal_id": "user:alice", "operation_id": str(op),
-                "action": action, "arguments": {"customer_id": self.customer, **arguments},
-                "target": self.customer, "expected_revision": expected_revision,
-                "planner": {"name": "e2e"}, "created_at": datetime.now(UTC).isoformat()}
+                "tenant_id": tenant, "principal_id": "user:alice", "operation_id": str(op),
+                "action": action, "arguments": {"customer_id": customer, **arguments},
+                "target": customer, "expected_revision": expected_revision,
+                "planner": {"name": "e2e"}, "created_at": datetime.now(UTC).isoformat(),
+                **({"evidence": evidence} if evidence is not None else {})}
         body = identities.sign(body)
         p = self.producer()
-        p.produce(self.topic("agent.proposals.v1"), key=self.tenant.encode(), value=json.dumps(body).encode(),
+        p.produce(self.topic("agent.proposals.v1"), key=tenant.encode(), value=json.dumps(body).encode(),
                   headers=[("traceparent", f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01".encode())])
         assert p.flush(15) == 0
         return op
@@ -150,9 +183,13 @@ async def _approve(database_url: str, tenant: uuid.UUID, op: uuid.UUID, approver
 @contextmanager
 def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Path,
              *, executor_env: dict[str, str] | None = None,
-             env: Mapping[str, Mapping[str, str]] | None = None) -> Iterator[Pipeline]:
+             env: Mapping[str, Mapping[str, str]] | None = None,
+             console: bool = False) -> Iterator[Pipeline]:
     """Start the pipeline; ``env`` adds variables per service name (``relay``, ``admission``,
-    ``executor-crm``, ``executor-billing``, ``reconciler``)."""
+    ``executor-crm``, ``executor-billing``, ``reconciler``, ``console``).
+
+    ``console`` also starts the approvals console and a second tenant with its own customer
+    and principals, known to admission and the console (for tenant-isolation tests)."""
     tag = uuid.uuid4().hex[:8]
     ns, slot = f"e2e{tag}.", f"e2e_{tag}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -165,6 +202,13 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
         common = {"AGENTLEDGER_DATABASE_URL": database_url, "AGENTLEDGER_KAFKA_BOOTSTRAP": bootstrap,
                   "AGENTLEDGER_MASTER_KEY": base64.b64encode(os.urandom(32)).decode()}
         p = Pipeline(bootstrap, database_url, crm, ns, tenant, customer, tokens)
+        read_tokens = {tenant: tokens["read"]}
+        if console:
+            other, other_customer = str(uuid.uuid4()), f"c-{tag}-b"
+            asyncio.run(crm.customer(other, other_customer, email="bea@example.com"))
+            read_tokens[other] = asyncio.run(crm.token(other, "read"))
+            asyncio.run(identities.put_principals(database_url, other, identities.DEFAULT_PRINCIPALS))
+            p.others[other] = other_customer
         stack.callback(relay_support.delete_namespace_topics, admin, ns)
         stack.callback(relay_support.drop_slot, database_url, slot)
 
@@ -179,7 +223,7 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
             "AGENTLEDGER_RELAY_EXEC_PARTITIONS": "3"}, lambda: slot_active(database_url, slot))
         start("admission", "agentledger.services.admission", {
             "AGENTLEDGER_ADMISSION_CRM_URL": crm.url,
-            "AGENTLEDGER_ADMISSION_CRM_READ_TOKENS": json.dumps({tenant: tokens["read"]}),
+            "AGENTLEDGER_ADMISSION_CRM_READ_TOKENS": json.dumps(read_tokens),
             "AGENTLEDGER_ADMISSION_GROUP_ID": f"admission-{tag}",
             "AGENTLEDGER_ADMISSION_PROPOSALS_TOPIC": p.topic("agent.proposals.v1"),
             "AGENTLEDGER_ADMISSION_ADMISSIONS_TOPIC": p.topic("agent.admissions.v1"),
@@ -200,4 +244,17 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
             "AGENTLEDGER_RECONCILER_CRM_URL": crm.url, "AGENTLEDGER_RECONCILER_PERIOD_S": "1",
             "AGENTLEDGER_RECONCILER_LOOKUP_TOKENS": json.dumps({"crm": {tenant: tokens["lookup"]}})},
             lambda: "event=reconciler_started" in (logs / "reconciler.log").read_text(errors="replace"))
+        if console:
+            p.sessions = SessionIssuer.generate()
+            port = processes.free_port()
+            p.console_url = f"http://127.0.0.1:{port}"
+            start("console", "agentledger.services.console", {
+                "AGENTLEDGER_CONSOLE_PORT": str(port),
+                "AGENTLEDGER_CONSOLE_SESSION_KEYS": json.dumps({p.sessions.kid: p.sessions.public_pem}),
+                "AGENTLEDGER_CONSOLE_SESSION_ISSUER": p.sessions.issuer,
+                "AGENTLEDGER_CONSOLE_SESSION_AUDIENCE": p.sessions.audience,
+                "AGENTLEDGER_CONSOLE_CRM_URL": crm.url,
+                "AGENTLEDGER_CONSOLE_CRM_READ_TOKENS": json.dumps(read_tokens),
+                "AGENTLEDGER_CONSOLE_COOKIE_SECURE": "false"},
+                processes.http_ok(f"{p.console_url}/readyz"))
         yield p

@@ -1,0 +1,19 @@
+"""python -m agentledger.services.console"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import uvicorn
+
+from agentledger.services.console.app import create_app
+from agentledger.services.console.settings import ConsoleSettings
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    cfg = ConsoleSettings.model_validate({})
+    # Access logs are unstructured and carry query strings; handlers log events instead.
+    uvicorn.run(create_app(cfg), host=cfg.host, port=cfg.port, log_config=None,
+                access_log=False, lifespan="on")

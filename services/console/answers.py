@@ -1,0 +1,75 @@
+"""How the console answers a refused decision: one table for the pages and the API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+from uuid import UUID
+
+from agentledger import errors
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    code: str  # the page's message key and the API's error code
+    message: str
+
+
+# Fixed texts: a message never reflects request input, so a crafted link cannot put words
+# on the page.
+MESSAGES: Final = {
+    "approved": "Approved. The command was admitted with exactly the hash you were shown.",
+    "denied": "Denied. Nothing will be executed.",
+    "expired": "This approval expired before it was decided. Nothing was executed; the agent "
+               "must propose again.",
+    "superseded": "The record changed since the proposal, so this request is superseded and "
+                  "can no longer be approved. A new proposal and a new decision are needed.",
+    "mismatch": "The request pending is not the one you were shown. Nothing was decided; "
+                "review it again.",
+    "already_decided": "This request was already decided.",
+    "not_permitted": "Policy does not let you approve this request (nobody approves their own "
+                     "request; refunds over 500.00 need a finance approver).",
+    "conflict": "The intent was already admitted with another payload. Nothing was approved.",
+    "not_allowlisted": "This action is no longer on the allowlist and cannot be approved.",
+    "unreadable": "The proposed arguments cannot be read, so they cannot be approved.",
+    "unavailable": "The CRM or the database did not answer. Nothing was decided; try again.",
+    "not_found": "No such approval request.",
+}
+
+
+def of(exc: errors.AgentLedgerError) -> Answer:
+    """The HTTP status and message key of a refused decision or read."""
+    if isinstance(exc, errors.InvalidTransition):
+        # Closed meanwhile (e.g. by the expiry sweep): say how, not just "already decided".
+        closed = exc.details.get("state")
+        if closed == "expired":
+            return Answer(410, "expired", MESSAGES["expired"])
+        if closed == "superseded":
+            return Answer(409, "superseded", MESSAGES["superseded"])
+    # Subclasses before their parents: StaleRevision and ApprovalMismatch are ValidationFailed.
+    table: tuple[tuple[type[errors.AgentLedgerError], int, str], ...] = (
+        (errors.ApprovalNotFound, 404, "not_found"),
+        (errors.ApprovalExpired, 410, "expired"),
+        (errors.StaleRevision, 409, "superseded"),
+        (errors.ApprovalMismatch, 422, "mismatch"),
+        (errors.InvalidTransition, 409, "already_decided"),
+        (errors.IdempotencyConflict, 409, "conflict"),
+        (errors.PolicyDenied, 403, "not_permitted"),
+        (errors.UnknownAction, 409, "not_allowlisted"),
+        (errors.DecryptionFailed, 409, "unreadable"),
+    )
+    for kind, status, code in table:
+        if isinstance(exc, kind):
+            return Answer(status, code, MESSAGES[code])
+    if exc.retryable:
+        return Answer(503, "unavailable", MESSAGES["unavailable"])
+    return Answer(400, exc.code, exc.message)
+
+
+def approval_id(raw: str) -> UUID:
+    """A path's approval id; anything that is not a UUID is simply not found."""
+    try:
+        return UUID(raw)
+    except ValueError as exc:
+        raise errors.ApprovalNotFound(approval_id=raw[:64]) from exc

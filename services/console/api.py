@@ -1,0 +1,113 @@
+"""The JSON API: the same reviews and decisions as the pages, for a bearer session token.
+
+The API never reads the console's cookie: a bearer header is not sent by a browser on its
+own, so the API needs no CSRF token.
+"""
+
+# No `from __future__ import annotations`: FastAPI and pydantic read annotations at runtime.
+
+from typing import Annotated, Any, cast, get_args
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentledger import identity
+from agentledger.approvals import repository as approvals
+from agentledger.services.console import answers, auth, review
+
+api = APIRouter(prefix="/api/v1")
+STATES: tuple[str, ...] = get_args(approvals.State)
+
+
+def bearer_session(
+    request: Request, authorization: Annotated[str | None, Header(max_length=4200)] = None,
+) -> identity.Session:
+    """Raises IdentityRejected (401) or NotAnApprover (403)."""
+    gate = cast(auth.Gate, request.app.state.gate)
+    return gate.verify(auth.bearer(authorization))
+
+
+Session = Annotated[identity.Session, Depends(bearer_session)]
+
+
+def _console(request: Request) -> review.Console:
+    return cast(review.Console, request.app.state.console)
+
+
+class DecisionBody(BaseModel):
+    """What the approver saw and why they decide."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    shown_hash: str = Field(min_length=64, max_length=64, pattern=r"^[0-9a-fA-F]{64}$")
+    reason: str = Field(default="", max_length=500)
+
+
+def summary(r: review.Review) -> dict[str, Any]:
+    a = r.approval
+    return {
+        "approval_id": str(a.approval_id), "operation_id": str(a.operation_id),
+        "state": r.state, "stored_state": a.state, "action": a.action,
+        "target": a.resource_id, "principal": a.principal_id, "risk": a.risk,
+        "request_hash": a.hash_hex, "policy_version": a.policy_version,
+        "allowlist_version": a.allowlist_version, "expected_revision": a.expected_revision,
+        "created_at": a.created_at.isoformat(), "expires_at": a.expires_at.isoformat(),
+        "seconds_left": r.seconds_left, "decided_by": a.decided_by,
+        "decided_at": a.decided_at.isoformat() if a.decided_at else None,
+        "decision_reason": a.decision_reason,
+        "superseded_by": str(a.superseded_by) if a.superseded_by else None,
+    }
+
+
+def detail(r: review.Review) -> dict[str, Any]:
+    return {
+        **summary(r),
+        "arguments": r.arguments,
+        "current": {"revision": r.current.revision, "record": r.current.record,
+                    "problem": r.current.problem, "changed_since_proposal": r.stale},
+        "changes": [{"field": c.name, "before": c.before, "after": c.after,
+                     "changed": c.changed} for c in r.changes],
+        # Untrusted data the planner read: a client must render it as text, never as markup.
+        "evidence": [{**e, "untrusted": True} for e in r.approval.evidence],
+    }
+
+
+@api.get("/approvals")
+async def list_approvals(
+    request: Request, session: Session,
+    state: Annotated[str, Query(max_length=16)] = "pending",
+) -> dict[str, Any]:
+    if state not in STATES:
+        state = "pending"
+    found = await _console(request).listing(session, cast(approvals.State, state))
+    return {"tenant_id": str(session.tenant_id), "state": state,
+            "approvals": [summary(r) for r in found]}
+
+
+@api.get("/approvals/{approval_id}")
+async def get_approval(request: Request, approval_id: str, session: Session) -> dict[str, Any]:
+    found = await _console(request).review(session, answers.approval_id(approval_id))
+    return detail(found)
+
+
+async def _decide(request: Request, approval_id: str, session: identity.Session,
+                  body: DecisionBody, *, approve: bool) -> dict[str, Any]:
+    decided, admitted = await _console(request).decide(
+        session, answers.approval_id(approval_id), approve=approve,
+        shown_hash=body.shown_hash, reason=body.reason)
+    return {"approval_id": str(decided.approval_id), "state": decided.state,
+            "operation_id": str(decided.operation_id), "decided_by": decided.decided_by,
+            "admitted": admitted.status if admitted else None,
+            "message": answers.MESSAGES[decided.state]}
+
+
+@api.post("/approvals/{approval_id}/approve")
+async def approve(request: Request, approval_id: str, session: Session,
+                  body: DecisionBody) -> dict[str, Any]:
+    return await _decide(request, approval_id, session, body, approve=True)
+
+
+@api.post("/approvals/{approval_id}/deny")
+async def deny(request: Request, approval_id: str, session: Session,
+               body: DecisionBody) -> dict[str, Any]:
+    return await _decide(request, approval_id, session, body, approve=False)
