@@ -16,3 +16,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "/deploy/" in str(item.path):
             item.add_marker(pytest.mark.deploy)
+
+
+# Timings the Debezium test reports (fetch, worker start, streaming), shown after the run.
+TIMINGS: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if TIMINGS:
+        terminalreporter.section("deploy timings")
+        for line in TIMINGS:
+            terminalreporter.write_line(line)

@@ -28,6 +28,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from tests import stack as stack_mod
+from tests.deploy import conftest as deploy_conftest
 from tests.deploy import connect
 from tests.helpers import wait_until
 from tests.integration.relay import support
@@ -64,9 +65,7 @@ pytestmark = [
 
 
 def _report(request: pytest.FixtureRequest, line: str) -> None:
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"[debezium] {line}")
+    deploy_conftest.TIMINGS.append(f"[debezium] {line}")
 
 
 @pytest.fixture(scope="session")
