@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings
 
 from agentledger import settings as shared_settings
 from agentledger.services.admission.settings import AdmissionSettings
+from agentledger.services.console.settings import ConsoleSettings
 from agentledger.services.crm.settings import Settings as CrmSettings
 from agentledger.services.executor.settings import ExecutorSettings
 from agentledger.services.ingress.settings import IngressSettings
@@ -33,14 +34,14 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 IMAGE = "agentledger:dev"
 # service module -> its settings class (the prefix is the class's env_prefix)
 SETTINGS: dict[str, type[BaseSettings]] = {
-    "admission": AdmissionSettings, "crm": CrmSettings, "executor": ExecutorSettings,
-    "ingress": IngressSettings, "planner": PlannerSettings, "reconciler": ReconcilerSettings,
+    "admission": AdmissionSettings, "console": ConsoleSettings, "crm": CrmSettings,
+    "executor": ExecutorSettings, "ingress": IngressSettings, "planner": PlannerSettings, "reconciler": ReconcilerSettings,
     "relay": RelaySettings,
 }
 APP_SERVICES = {
     "crm": "crm", "ingress": "ingress", "planner": "planner", "admission": "admission",
     "relay": "relay", "executor-crm": "executor", "executor-billing": "executor",
-    "reconciler": "reconciler",
+    "reconciler": "reconciler", "console": "console",
 }
 SHARED = {"AGENTLEDGER_DATABASE_URL", "AGENTLEDGER_KAFKA_BOOTSTRAP", "AGENTLEDGER_MASTER_KEY"}
 
@@ -130,7 +131,7 @@ def test_each_service_environment_satisfies_its_settings(
     for name, module, service in _app_services(resolved):
         env = {k: str(v) for k, v in (service.get("environment") or {}).items()}
         _validate_settings(module, env, monkeypatch)
-        if module in ("ingress", "crm"):
+        if module in ("ingress", "crm", "console"):
             # In a container, loopback would be unreachable from the other services.
             assert env[f"AGENTLEDGER_{module.upper()}_HOST"] == "0.0.0.0", name  # noqa: S104
         if module != "crm":

@@ -38,11 +38,11 @@ CRD_SCHEMAS = {
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobject-keda.sh-v1alpha1.json",
 }
 EXECUTORS = {"crm": "executor-crm", "billing": "executor-billing"}
-HTTP_WORKLOADS = {"ingress", "crm-read", "crm-write"}
+HTTP_WORKLOADS = {"ingress", "console", "crm-read", "crm-write"}
 SERVICE_OF = {  # Deployment -> the service module it runs (for its settings class)
     "ingress": "ingress", "planner": "planner", "admission": "admission", "relay": "relay",
     "executor-crm": "executor", "executor-billing": "executor", "reconciler": "reconciler",
-    "crm-read": "crm", "crm-write": "crm",
+    "crm-read": "crm", "crm-write": "crm", "console": "console",
 }
 
 
