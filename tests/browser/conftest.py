@@ -5,19 +5,14 @@ Chromium is the system package (``apt-get install chromium``), never a downloade
 
 from __future__ import annotations
 
-import asyncio
-import uuid
-from collections.abc import Callable, Coroutine, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import psycopg2
 import pytest
 from playwright.sync_api import Browser, Page, Playwright, sync_playwright
 
 from tests.e2e.pipeline import Pipeline, pipeline
-from tests.helpers import wait_until
 from tests.stack import Stack
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -83,57 +78,3 @@ def sign_in(world: Pipeline, browser: Browser) -> Iterator[Callable[..., Page]]:
     yield open_as
     for context in contexts:
         context.close()
-
-
-T = TypeVar("T")
-
-
-def sync(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine to the end: in a thread, since Playwright's sync API owns this one's loop."""
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
-def pending_approval(world: Pipeline, op: uuid.UUID, timeout: float = 60) -> tuple[str, str]:
-    """(approval id, hex hash) of the pending request of ``op``, once admission made it."""
-    found: list[tuple[str, str]] = []
-
-    def probe() -> bool:
-        conn = psycopg2.connect(world.database_url)
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SELECT approval_id, encode(request_hash, 'hex') FROM approval_request "
-                            "WHERE operation_id = %s AND state = 'pending'", (str(op),))
-                row = cur.fetchone()
-        finally:
-            conn.close()
-        if row:
-            found.append((str(row[0]), str(row[1])))
-        return bool(row)
-
-    assert wait_until(probe, timeout=timeout), (
-        f"no pending approval for {op}\n{world.services['admission'].tail(20)}")
-    return found[-1]
-
-
-def approval_state(world: Pipeline, approval_id: str) -> str:
-    conn = psycopg2.connect(world.database_url)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT state FROM approval_request WHERE approval_id = %s", (approval_id,))
-            row = cur.fetchone()
-    finally:
-        conn.close()
-    assert row is not None
-    return str(row[0])
-
-
-def expire_now(world: Pipeline, approval_id: str) -> None:
-    """The clock moving on for one request, in one statement."""
-    conn = psycopg2.connect(world.database_url)
-    try:
-        with conn, conn.cursor() as cur:
-            cur.execute("UPDATE approval_request SET expires_at = now() - interval '1 second' "
-                        "WHERE approval_id = %s", (approval_id,))
-    finally:
-        conn.close()
