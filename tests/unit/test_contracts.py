@@ -327,3 +327,15 @@ def test_topic_helpers() -> None:
     for bad in ("CRM", "crm.v2", "", "x" * 40):
         with pytest.raises(ValueError):
             topics.exec_topic(bad)
+
+
+def test_exec_request_carries_admitted_or_requeued_only() -> None:
+    import uuid as _uuid
+
+    from agentledger.contracts.exec import ExecRequestV1
+
+    ids = {"tenant_id": str(_uuid.uuid4()), "operation_id": str(_uuid.uuid4())}
+    for kind in ("command.admitted", "command.requeued"):
+        assert ExecRequestV1.model_validate_json(json.dumps({**ids, "type": kind})).type == kind
+    with pytest.raises(ValidationError):
+        ExecRequestV1.model_validate_json(json.dumps({**ids, "type": "command.delete_everything"}))

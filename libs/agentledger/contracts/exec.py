@@ -14,4 +14,5 @@ class ExecRequestV1(common.Contract):
 
     tenant_id: common.TenantId
     operation_id: common.OperationId
-    type: Literal["command.admitted"] = "command.admitted"
+    # `command.requeued`: a new dispatch obligation after recovery proved resending safe.
+    type: Literal["command.admitted", "command.requeued"] = "command.admitted"

@@ -1,0 +1,33 @@
+"""The chaos tier: real processes, SIGKILLed at named fault points (see harness.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.chaos import harness
+from tests.e2e.pipeline import Pipeline, pipeline
+from tests.stack import Stack
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "/chaos/" in str(item.path):
+            item.add_marker(pytest.mark.chaos)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if harness.REPORT.exists():
+        data = json.loads(harness.REPORT.read_text())
+        terminalreporter.write_sep("=", f"chaos report ({harness.REPORT.relative_to(harness.ROOT)})")
+        terminalreporter.write_line(harness.table(data))
+
+
+@pytest.fixture(scope="module")
+def chaos(stack: Stack, database_url: str, make_database: Callable[[], str],
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    with pipeline(stack.kafka_bootstrap, database_url, make_database(),
+                  tmp_path_factory.mktemp("chaos"), env=harness.CHAOS_ENV) as p:
+        yield p
