@@ -12,6 +12,8 @@ command -v mvn >/dev/null || missing+=(maven)
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
 command -v psql >/dev/null || missing+=(postgresql-client)
 python3 -c "import venv, ensurepip" 2>/dev/null || missing+=(python3-venv)
+# The browser tests drive Debian's Chromium (never a downloaded browser build).
+[ -x /usr/bin/chromium ] || missing+=(chromium fonts-dejavu-core fonts-liberation)
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing system packages: ${missing[*]}"
   $SUDO apt-get update -qq

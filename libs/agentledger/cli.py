@@ -11,7 +11,7 @@ import asyncpg
 import typer
 from rich.console import Console
 
-from agentledger import errors, migrations, settings
+from agentledger import cli_approvals, errors, migrations, settings
 from agentledger.audit import explain as audit_explain
 from agentledger.ledger import dispatch
 
@@ -55,6 +55,8 @@ def status() -> None:
     """Show whether the local Kafka and PostgreSQL answer."""
     _stack("status")
 
+
+app.add_typer(cli_approvals.app, name="approvals")
 
 reconcile_app = typer.Typer(no_args_is_help=True, help="Resolve commands whose outcome is unknown.")
 app.add_typer(reconcile_app, name="reconcile")

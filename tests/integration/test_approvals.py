@@ -154,12 +154,6 @@ async def test_a_request_is_persisted_pending_and_a_replay_finds_the_same_one(wo
     assert await world.command(tenant, op) is None  # nothing is admitted while a person decides
 
 
-# approvals.request marks the old request superseded_by the new id BEFORE inserting the new
-# row, and the foreign key is checked at once. Fix: make approval_request_superseded_by_fkey
-# DEFERRABLE INITIALLY DEFERRED (or set superseded_by after the insert). Strict: this
-# test fails loudly once the library is fixed, so the marker gets removed.
-@pytest.mark.xfail(strict=True, raises=errors.StorageError,
-                   reason="library bug: supersede references the new request before it exists")
 async def test_a_revised_payload_supersedes_the_pending_request_which_can_no_longer_be_approved(
         world: World) -> None:
     tenant, op = await world.tenant(), uuid.uuid4()
@@ -280,6 +274,12 @@ async def test_an_approver_the_policy_does_not_permit_is_refused(
         await world.decide(tenant, pending, approver)
     assert await world.state(tenant, pending.approval_id) == "pending"
     assert await world.command(tenant, pending.operation_id) is None
+    async with world.admission.acquire() as conn:  # the refusal is a kept decision
+        await conn.execute("RESET ROLE")
+        kept = await conn.fetch("SELECT principal_id, effect FROM policy_decision "
+                                "WHERE operation_id = $1 AND stage = 'approval'", pending.operation_id)
+        await conn.execute("SET ROLE agentledger_admission")
+    assert [(k["principal_id"], k["effect"]) for k in kept] == [(approver, "deny")]
 
 
 async def test_an_ordinary_approver_may_approve_a_small_refund(world: World) -> None:

@@ -24,6 +24,11 @@ SET state = 'superseded', decided_at = now(), decided_by = $3, decision_reason =
     superseded_by = $5
 WHERE tenant_id = $1 AND approval_id = $2 AND state = 'pending';
 
+-- name: link_superseded --
+-- Point a superseded request at the one that replaced it.
+UPDATE approval_request SET superseded_by = $3
+WHERE tenant_id = $1 AND approval_id = $2 AND state = 'superseded';
+
 -- name: lock_request --
 -- One request, locked for a decision.
 SELECT * FROM approval_request WHERE tenant_id = $1 AND approval_id = $2 FOR UPDATE;

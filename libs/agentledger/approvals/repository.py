@@ -17,12 +17,17 @@ from pathlib import Path
 from typing import Any, Literal
 from uuid import UUID
 
+from opentelemetry import trace
+
 from agentledger import errors, sql
 from agentledger.ledger import repository as ledger
 from agentledger.policy import decision as decision_mod
 from agentledger.policy import repository as policy_repo
+from agentledger.telemetry import metrics as telemetry_metrics
+from agentledger.telemetry import spans
 
 Q = sql.load(Path(__file__).with_name("queries.sql"))
+tracer = trace.get_tracer("agentledger.approvals")
 
 State = Literal["pending", "approved", "denied", "expired", "superseded"]
 Also = Callable[[ledger.Conn], Awaitable[None]]
@@ -154,9 +159,9 @@ async def request(
             superseded = pending.approval_id
         approval_id = uuid.uuid4()
         if superseded is not None:
+            # Closed first (one pending request per intent), linked once the new one exists.
             await tx.execute(Q["supersede"], new.tenant_id, superseded, "system:revision",
-                             "a revised proposal replaced it; it needs its own decision",
-                             approval_id)
+                             "a revised proposal replaced it; it needs its own decision", None)
         row = await tx.fetchrow(
             Q["insert_request"], approval_id, new.tenant_id, new.operation_id, new.proposal_id,
             new.principal_id, new.action, new.connector, new.resource_id, new.expected_revision,
@@ -167,6 +172,7 @@ async def request(
         )
         created = Approval.from_row(row)
         if superseded is not None:
+            await tx.execute(Q["link_superseded"], new.tenant_id, superseded, approval_id)
             await _audit(tx, created, "approval.superseded", superseded=str(superseded))
         await _audit(tx, created, "approval.requested", **{"risk": new.risk, **(audit or {})})
         if also is not None:
@@ -215,6 +221,7 @@ async def _record(
         resource_id=pending.resource_id, operation_id=pending.operation_id, stage="approval")
 
 
+@spans.traced(tracer, "approval.decision")
 async def decide(
     conn: ledger.Conn, tenant_id: UUID, approval_id: UUID, *, approver: str, approve: bool,
     shown_hash: str, reason: str, approver_decision: decision_mod.Decision | None,
@@ -246,6 +253,9 @@ async def decide(
         if row is None:
             raise errors.ApprovalNotFound(approval_id=str(approval_id))
         pending = Approval.from_row(row)
+        # The decision resumes a paused trace: link to the request's context (R8.2).
+        spans.annotate(operation_id=str(pending.operation_id), action=pending.action)
+        spans.add_link(trace.get_current_span(), pending.traceparent, "approval_request")
         if pending.state != "pending":
             raise errors.InvalidTransition(f"this request is already {pending.state}",
                                            state=pending.state)
@@ -265,14 +275,16 @@ async def decide(
             late = errors.StaleRevision(
                 "the record changed since the proposal; a new proposal and decision are needed")
         elif approve and (approver_decision is None or approver_decision.effect != "allow"):
+            # The refusal is itself a decision to keep: recorded, committed, then raised.
             if approver_decision is not None:
                 await _record(tx, pending, approver, approver_decision)
             if also is not None:
                 await also(tx)
-            raise errors.PolicyDenied(
+            late = errors.PolicyDenied(
                 approver_decision.reason if approver_decision else "no approver decision")
         else:
             state: State = "approved" if approve else "denied"
+            spans.annotate(outcome=state)
             closed = await tx.fetchrow(
                 Q["close_request"], tenant_id, approval_id, state, approver, reason[:500],
                 approver_decision.decision_id if approver_decision else None,
@@ -287,6 +299,8 @@ async def decide(
                 await also(tx)
             if approve:
                 assert approver_decision is not None
+                # The command continues this decision's trace, naming the request it resumes.
+                resumed_tp, resumed_ts = spans.resume(pending.traceparent, pending.tracestate)
                 admitted = await ledger.admit_in(tx, ledger.NewCommand(
                     tenant_id=tenant_id, operation_id=pending.operation_id,
                     request_hash=pending.request_hash, principal_id=pending.principal_id,
@@ -299,11 +313,13 @@ async def decide(
                     expires_at=pending.expires_at,
                     payload_ciphertext=pending.payload_ciphertext,
                     payload_key_version=pending.payload_key_version,
-                    traceparent=pending.traceparent, tracestate=pending.tracestate,
+                    traceparent=resumed_tp, tracestate=resumed_ts,
                 ), audit={"approval_id": str(approval_id), "approved_by": approver})
                 if admitted.status == "conflict":
                     raise errors.IdempotencyConflict(
                         "the intent was admitted with another payload; nothing was approved")
+            telemetry_metrics.approval_decisions.add(
+                1, outcome=state, action=telemetry_metrics.bounded(pending.action))
             return decided, admitted
     assert late is not None
     raise late
