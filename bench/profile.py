@@ -51,13 +51,27 @@ def _frame(frame: str) -> str:
     return f"{name} ({Path(where.rstrip(')').rsplit(':', 1)[0]).name})" if where else name
 
 
+def _path(frame: str) -> str:
+    return frame.partition(" (")[2].rstrip(")").rsplit(":", 1)[0]
+
+
 def _ours(frame: str) -> bool:
-    return "/agentledger/" in frame or "/services/" in frame
+    # py-spy prints paths relative to sys.path: "agentledger/admission.py".
+    return _path(frame).startswith("agentledger/") or "/agentledger/" in _path(frame)
+
+
+def _package(frame: str) -> str:
+    path = _path(frame)
+    if path.startswith("<"):
+        return "python (frozen)"
+    top = path.split("/", 1)[0] if "/" in path else "python stdlib"
+    return "python stdlib" if top in {"asyncio", "concurrent", "json", "logging"} else top
 
 
 def summarise(collapsed: str, top: int = TOP) -> dict[str, object]:
     """Top functions by self share of samples, and our own functions by inclusive share."""
     own: Counter[str] = Counter()
+    packages: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     total = 0
     for line in collapsed.splitlines():
@@ -68,11 +82,13 @@ def summarise(collapsed: str, top: int = TOP) -> dict[str, object]:
         raw = stack.split(";")
         total += n
         own[_frame(raw[-1])] += n
+        packages[_package(raw[-1])] += n
         for f in {_frame(f) for f in raw if _ours(f)}:
             inclusive[f] += n
     share = (lambda c: round(100.0 * c / total, 1)) if total else (lambda c: 0.0)
     return {
         "samples": total,
         "self_pct": [[f, share(c)] for f, c in own.most_common(top)],
+        "self_by_package_pct": [[p, share(c)] for p, c in packages.most_common(top)],
         "ours_inclusive_pct": [[f, share(c)] for f, c in inclusive.most_common(top)],
     }

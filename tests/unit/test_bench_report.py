@@ -41,12 +41,13 @@ def test_pgbench_scripts_bind_every_parameter_and_no_comment() -> None:
 
 
 def test_profile_summary_counts_self_and_our_frames() -> None:
-    collapsed = ("main (/x/runpy.py:1);admit (/x/agentledger/admission.py:9);execute (/x/asyncpg/c.py:3) 3\n"
-                 "main (/x/runpy.py:1);select (/x/selectors.py:5) 1\n")
+    collapsed = ("main (runpy.py:1);admit (agentledger/admission.py:9);execute (asyncpg/c.py:3) 3\n"
+                 "main (runpy.py:1);select (selectors.py:5) 1\n")
     summary = profile.summarise(collapsed)
     assert summary["samples"] == 4
     assert summary["self_pct"][0] == ["execute (c.py)", 75.0]
     assert summary["ours_inclusive_pct"] == [["admit (admission.py)", 75.0]]
+    assert summary["self_by_package_pct"][0] == ["asyncpg", 75.0]
 
 
 def test_figures_and_markdown_tolerate_missing_phases() -> None:
