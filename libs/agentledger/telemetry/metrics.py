@@ -1,0 +1,111 @@
+"""Metrics with bounded labels only (R8.3).
+
+A label name must be one of ``LABELS`` and a label value a short lower-case name (an action,
+a connector, a state, an outcome): ids of operations, tenants and principals cannot pass —
+their cardinality is unbounded, and they belong in traces or the audit ledger. A violation
+raises at the call site, so a test exercising the code finds it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Container
+from typing import Final
+
+from opentelemetry import metrics
+from opentelemetry.metrics import Meter
+
+LABELS: Final = frozenset({"action", "connector", "state", "outcome", "stage", "topic.family"})
+# Allowlisted action names, connector names, states and outcome codes all fit; a UUID (has
+# '-'), a principal id (has ':'), a tenant id or free text does not.
+_VALUE: Final = re.compile(r"^[a-z][a-z0-9_.]{0,63}$")
+# Stands in for a value that is not a known name (an unlisted action in a rejected proposal).
+OTHER: Final = "other"
+
+
+class UnboundedLabel(ValueError):
+    """A metric was given a label name outside ``LABELS`` or a value that is not a name."""
+
+
+def _check_names(metric: str, names: tuple[str, ...]) -> None:
+    unknown = [n for n in names if n not in LABELS]
+    if unknown:
+        raise UnboundedLabel(f"{metric}: label(s) {unknown} are not bounded; allowed: "
+                             f"{sorted(LABELS)}")
+
+
+def labels(metric: str, declared: tuple[str, ...], values: dict[str, str]) -> dict[str, str]:
+    """``values`` checked against the metric's declared names and the bounded value shape.
+
+    Raises:
+        UnboundedLabel: an undeclared name, a missing one, or a value that is not a name.
+    """
+    if set(values) != set(declared):
+        raise UnboundedLabel(f"{metric}: labels {sorted(values)} != declared {sorted(declared)}")
+    for name, value in values.items():
+        if not isinstance(value, str) or not _VALUE.match(value):
+            raise UnboundedLabel(f"{metric}: the value of {name!r} is not a bounded name")
+    return dict(values)
+
+
+def bounded(value: str | None, known: Container[str] | None = None) -> str:
+    """``value`` when it is a bounded name (and in ``known``, if given), else ``OTHER``."""
+    if value is None or not _VALUE.match(value) or (known is not None and value not in known):
+        return OTHER
+    return value
+
+
+class Counter:
+    """A counter whose label names are declared once and checked on every ``add``."""
+
+    def __init__(self, meter: Meter, name: str, *, unit: str, description: str,
+                 labels: tuple[str, ...]) -> None:
+        _check_names(name, labels)
+        self.name, self.declared = name, labels
+        self._counter = meter.create_counter(name, unit=unit, description=description)
+
+    def add(self, amount: int = 1, **values: str) -> None:
+        self._counter.add(amount, labels(self.name, self.declared, values))
+
+
+class Histogram:
+    """A histogram whose label names are declared once and checked on every ``record``."""
+
+    def __init__(self, meter: Meter, name: str, *, unit: str, description: str,
+                 labels: tuple[str, ...]) -> None:
+        _check_names(name, labels)
+        self.name, self.declared = name, labels
+        self._histogram = meter.create_histogram(name, unit=unit, description=description)
+
+    def record(self, amount: float, **values: str) -> None:
+        self._histogram.record(amount, labels(self.name, self.declared, values))
+
+
+# The global meter is a proxy until ``telemetry.setup`` installs a provider; instruments made
+# on it now start recording then (and are no-ops in a process that never sets one up).
+_meter = metrics.get_meter("agentledger")
+
+admissions = Counter(
+    _meter, "agentledger.admissions", unit="{proposal}",
+    description="Proposals answered by admission, by status and allowlisted action.",
+    labels=("outcome", "action"))
+authorizations = Counter(
+    _meter, "agentledger.authorizations", unit="{decision}",
+    description="Policy decisions by stage (admission, dispatch, approval) and effect.",
+    labels=("stage", "outcome"))
+dispatch_outcomes = Counter(
+    _meter, "agentledger.dispatch.outcomes", unit="{command}",
+    description="States recorded by the executor at the end of a dispatch.",
+    labels=("state", "connector"))
+attempt_duration = Histogram(
+    _meter, "agentledger.attempt.duration", unit="s",
+    description="One connector call (first send, reconnect or keyed resend) to its answer.",
+    labels=("connector", "outcome"))
+reconciliations = Counter(
+    _meter, "agentledger.reconciliations", unit="{command}",
+    description="Commands the reconciler recovered, by what it did.",
+    labels=("connector", "outcome"))
+approval_decisions = Counter(
+    _meter, "agentledger.approval.decisions", unit="{decision}",
+    description="Human decisions on approval requests, by result and action.",
+    labels=("outcome", "action"))

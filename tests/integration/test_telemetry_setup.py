@@ -1,0 +1,77 @@
+"""``telemetry.setup`` in a fresh process: nothing exported by default, OTLP only with an
+endpoint, the JSON-lines file hook for tests (spans, metric points, log records)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+SCRIPT = textwrap.dedent("""
+    import json, logging, sys
+    from opentelemetry import trace
+    from agentledger import telemetry
+    from agentledger.telemetry import metrics, spans
+
+    logging.basicConfig(level=logging.INFO)
+    installed = telemetry.setup("agentledger-probe")
+    tracer = trace.get_tracer("probe")
+    with spans.span(tracer, "probe", attributes={spans.OPERATION_ID: "op-1"}):
+        logging.getLogger("probe").info("event=probe value=%d", 7)
+    try:
+        with spans.span(tracer, "failing"):
+            raise ValueError("a message that must not be exported")
+    except ValueError:
+        pass
+    metrics.dispatch_outcomes.add(1, state="succeeded", connector="crm")
+    print(json.dumps({"exporters": installed.exporters,
+                      "processors": len(installed.tracer_provider._active_span_processor._span_processors)
+                      if installed.tracer_provider else 0}))
+    installed.shutdown()
+""")
+
+
+def probe(tmp_path: Path, **env: str) -> tuple[dict[str, object], list[dict[str, object]]]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") and k != "AGENTLEDGER_TELEMETRY_FILE"}
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env={**clean, **env}, capture_output=True,
+                          text=True, timeout=60, check=True)
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    path = env.get("AGENTLEDGER_TELEMETRY_FILE")
+    lines = [json.loads(line) for line in Path(path).read_text().splitlines()] if path and Path(path).exists() else []
+    return out, lines
+
+
+def test_nothing_is_exported_by_default(tmp_path: Path) -> None:
+    out, _ = probe(tmp_path)
+    assert out == {"exporters": [], "processors": 0}
+
+
+def test_otlp_is_used_only_when_an_endpoint_is_set(tmp_path: Path) -> None:
+    out, _ = probe(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_EXPORTER_OTLP_TIMEOUT="1",
+                   OTEL_BSP_EXPORT_TIMEOUT="1000", OTEL_METRICS_EXPORTER="none")
+    assert out == {"exporters": ["otlp-traces"], "processors": 1}
+
+
+def test_sdk_disabled_installs_nothing(tmp_path: Path) -> None:
+    out, lines = probe(tmp_path, OTEL_SDK_DISABLED="true", AGENTLEDGER_TELEMETRY_FILE=str(tmp_path / "t.jsonl"))
+    assert (out, lines) == ({"exporters": [], "processors": 0}, [])
+
+
+def test_the_file_hook_writes_spans_metric_points_and_logs_as_json_lines(tmp_path: Path) -> None:
+    out, lines = probe(tmp_path, AGENTLEDGER_TELEMETRY_FILE=str(tmp_path / "t.jsonl"),
+                       OTEL_SERVICE_NAME="renamed")
+    assert out["exporters"] == ["file"]
+    assert {line["service"] for line in lines} == {"renamed"}
+    by_name = {line["name"]: line for line in lines if line["signal"] == "span"}
+    assert by_name["probe"]["attributes"] == {"agentledger.operation_id": "op-1"}
+    failing = by_name["failing"]
+    # A failure is its error type only: no message, no stack trace.
+    assert (failing["status"], failing["attributes"], failing["events"]) == ("ERROR", {"error.type": "ValueError"}, [])
+    assert "must not be exported" not in json.dumps(lines)
+    [log] = [line for line in lines if line["signal"] == "log" and line["logger"] == "probe"]
+    assert log["message"] == "event=probe value=7" and log["span_id"] == by_name["probe"]["span_id"]
+    points = [line for line in lines if line["signal"] == "metric" and line["name"] == "agentledger.dispatch.outcomes"]
+    assert points and points[-1]["attributes"] == {"state": "succeeded", "connector": "crm"}
