@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+from opentelemetry.trace import get_tracer
 
 from agentledger import budgets, canonical, errors, identity
 from agentledger.approvals import repository as approvals
@@ -28,6 +29,8 @@ from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import decision as decision_mod
 from agentledger.policy import repository as policy_repo
 from agentledger.resources import Resolver
+from agentledger.telemetry import metrics as telemetry_metrics
+from agentledger.telemetry import spans
 
 AdmissionResultV1 = admission_contract.AdmissionResultV1
 
@@ -36,6 +39,8 @@ AdmissionResultV1 = admission_contract.AdmissionResultV1
 DEFAULT_DECISION_TTL = timedelta(minutes=15)
 # How long a person has to decide, and how long an approved command stays dispatchable.
 DEFAULT_APPROVAL_TTL = timedelta(hours=1)
+
+tracer = get_tracer("agentledger.admission")
 
 
 def _now() -> datetime:
@@ -79,6 +84,25 @@ class Admitter:
         Raises:
             StorageError: a retryable database or resolver failure; the caller redelivers.
         """
+        # The admission span covers the checks, the policy decision and the admit transaction;
+        # it continues the proposal's context (FastStream's process span, when there is one).
+        parent = spans.parent(trace.traceparent, trace.tracestate) if trace else None
+        with spans.span(tracer, "admission", context=parent, attributes={
+                spans.OPERATION_ID: str(proposal.operation_id), spans.ACTION: proposal.action,
+                spans.STAGE: "admission"}) as span:
+            result = await self._admit(proposal, trace)
+            span.set_attribute(spans.OUTCOME, result.status)
+            if result.state is not None:
+                span.set_attribute(spans.STATE, result.state)
+            if result.reason_code is not None:
+                span.set_attribute(spans.ERROR_TYPE, result.reason_code)
+        telemetry_metrics.admissions.add(1, outcome=result.status, action=telemetry_metrics.bounded(
+            proposal.action, self.allowlist.actions))
+        return result
+
+    async def _admit(
+        self, proposal: ProposalV1, trace: common.TraceContext | None
+    ) -> AdmissionResultV1:
         base: dict[str, Any] = {
             "proposal_id": proposal.proposal_id, "tenant_id": proposal.tenant_id,
             "operation_id": proposal.operation_id, "allowlist_version": self.allowlist.version}
@@ -87,10 +111,16 @@ class Admitter:
         except (errors.ValidationFailed, errors.IdentityRejected, errors.ShadowRefused) as exc:
             return AdmissionResultV1.refused(exc, decided_at=_now(), **base)
         spec, arguments = checked.spec, checked.arguments
+        spans.annotate(connector=spec.connector)
         async with self.pool.acquire() as conn:
-            decision = await self.authorizer.authorize(
-                conn, tenant_id=proposal.tenant_id, principal_id=proposal.principal_id,
-                action=spec, resource_id=proposal.target, arguments=arguments)
+            with spans.span(tracer, "authorization",
+                            attributes={spans.STAGE: "admission"}) as authz:
+                decision = await self.authorizer.authorize(
+                    conn, tenant_id=proposal.tenant_id, principal_id=proposal.principal_id,
+                    action=spec, resource_id=proposal.target, arguments=arguments)
+                authz.set_attributes({spans.EFFECT: decision.effect,
+                                      spans.POLICY_VERSION: decision.policy_version})
+            telemetry_metrics.authorizations.add(1, stage="admission", outcome=decision.effect)
             base |= {"decision_id": decision.decision_id,
                      "policy_version": decision.policy_version}
 

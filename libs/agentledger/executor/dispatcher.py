@@ -12,13 +12,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 from uuid import UUID
 
 import asyncpg
+from opentelemetry import trace
+from opentelemetry.trace import Link, Span, SpanKind
 
 from agentledger import errors, faults
 from agentledger.connectors import base
@@ -26,8 +29,11 @@ from agentledger.ledger import dispatch, keys, repository
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import decision as decision_mod
 from agentledger.policy import repository as policy_repo
+from agentledger.telemetry import metrics as telemetry_metrics
+from agentledger.telemetry import spans
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("agentledger.executor")
 
 # The lease must outlast one call with its resends (connector read timeout 5 s, up to three
 # sends, backoff); 60 s leaves room for a slow database on top without letting a dead
@@ -40,6 +46,10 @@ NOT_SENT_RETRIES = 3
 
 Disposition = Literal["claimed", "terminal", "held", "missing"]
 TERMINAL = frozenset({"succeeded", "denied", "expired", "review_required", "failed"})
+# Bounded names of what a call returned (span attribute and metric label).
+_RESULTS: dict[type, str] = {
+    base.Applied: "applied", base.PreconditionFailed: "precondition_failed",
+    base.Refused: "refused", base.NotSent: "not_sent", base.InDoubt: "in_doubt"}
 
 
 @dataclass(frozen=True)
@@ -63,11 +73,43 @@ class Dispatcher:
     allowlist: allowlist_mod.Allowlist
     worker_id: str
     lease_s: float = LEASE_S
+    # The dispatch span opened by ``begin`` for a claim (by attempt id), closed by ``complete``.
+    _spans: dict[UUID, Span] = field(default_factory=dict, init=False, repr=False)
 
     async def begin(
         self, tenant_id: UUID, operation_id: UUID, *, traceparent: str | None = None
     ) -> Begun:
-        """Claim the command if it is pending. Never calls anything remote."""
+        """Claim the command if it is pending. Never calls anything remote.
+
+        Opens the ``dispatch`` span (a child of the record's context; linked to the approval
+        request when the trace resumes one); ``complete`` ends it. Its context is what the
+        claim records on the attempt row, so a later reconciliation links to it.
+        """
+        resumed = spans.resumed_link()
+        span = tracer.start_span(
+            "dispatch", context=spans.parent(traceparent), links=[resumed] if resumed else None,
+            attributes={spans.OPERATION_ID: str(operation_id)})
+        with trace.use_span(span, record_exception=False, set_status_on_exception=False):
+            try:
+                begun = await self._begin(tenant_id, operation_id,
+                                          spans.traceparent_of(span) or traceparent)
+            except BaseException as exc:
+                spans.failed(span, exc)
+                span.end()
+                raise
+        if begun.claim is None:
+            span.set_attribute("agentledger.disposition", begun.disposition)
+            if begun.state is not None:
+                span.set_attribute(spans.STATE, begun.state)
+            span.end()
+        else:
+            span.set_attribute(spans.GENERATION, begun.claim.generation)
+            self._spans[begun.claim.attempt_id] = span
+        return begun
+
+    async def _begin(
+        self, tenant_id: UUID, operation_id: UUID, traceparent: str | None
+    ) -> Begun:
         async with self.pool.acquire() as conn:
             try:
                 row = await repository.load_command(conn, tenant_id, operation_id)
@@ -87,8 +129,29 @@ class Dispatcher:
 
     async def complete(self, held: dispatch.Claim, *, traceparent: str | None = None) -> str:
         """Check, call and record. Returns the state recorded; raises StaleClaim if fenced."""
+        span = self._spans.pop(held.attempt_id, None) or tracer.start_span(
+            "dispatch", context=spans.parent(traceparent), attributes={
+                spans.OPERATION_ID: str(held.operation_id), spans.GENERATION: held.generation})
+        seen: dict[str, str] = {}
+        with trace.use_span(span, end_on_exit=True, record_exception=False,
+                            set_status_on_exception=False):
+            try:
+                state = await self._complete(held, spans.traceparent_of(span) or traceparent, seen)
+            except BaseException as exc:
+                spans.failed(span, exc)
+                raise
+            span.set_attribute(spans.STATE, state)
+        telemetry_metrics.dispatch_outcomes.add(
+            1, state=state, connector=telemetry_metrics.bounded(seen.get("connector")))
+        return state
+
+    async def _complete(
+        self, held: dispatch.Claim, traceparent: str | None, seen: dict[str, str]
+    ) -> str:
         async with self.pool.acquire() as conn:
             row = await repository.load_command(conn, held.tenant_id, held.operation_id)
+            seen["connector"] = row["connector"]
+            spans.annotate(action=row["action"], connector=row["connector"])
             refusal = await self._refusal(conn, row)
             if refusal is not None:
                 state, reason = refusal
@@ -122,9 +185,13 @@ class Dispatcher:
             spec = self.allowlist.get(row["action"])
         except errors.UnknownAction:
             return "denied", f"{row['action']} is no longer on the allowlist"
-        verdict = await self.authorizer.authorize(
-            conn, tenant_id=row["tenant_id"], principal_id=row["principal_id"], action=spec,
-            resource_id=row["resource_id"])
+        with spans.span(tracer, "authorization", attributes={spans.STAGE: "dispatch"}) as authz:
+            verdict = await self.authorizer.authorize(
+                conn, tenant_id=row["tenant_id"], principal_id=row["principal_id"], action=spec,
+                resource_id=row["resource_id"])
+            authz.set_attributes({spans.EFFECT: verdict.effect,
+                                  spans.POLICY_VERSION: verdict.policy_version})
+        telemetry_metrics.authorizations.add(1, stage="dispatch", outcome=verdict.effect)
         async with repository.transaction(conn, row["tenant_id"]) as tx:
             await policy_repo.record_decision(
                 tx, verdict, tenant_id=row["tenant_id"], principal_id=row["principal_id"],
@@ -139,13 +206,13 @@ class Dispatcher:
         self, connector: base.Connector, call: base.Call, token: str, held: dispatch.Claim,
         traceparent: str | None,
     ) -> tuple[base.Result, dispatch.Claim]:
-        result = await connector.execute(call, token)
+        result, first = await self._attempt(connector, call, token, held, "dispatch", None)
         await faults.point("executor.after_remote_write")
         tries = 0
         while isinstance(result, base.NotSent) and tries < NOT_SENT_RETRIES:
             tries += 1
             await asyncio.sleep(0.2 * 2**tries)  # backoff before reconnecting, not a wait-for
-            result = await connector.execute(call, token)
+            result, _ = await self._attempt(connector, call, token, held, "reconnect", first)
         resends = 0
         may_resend = connector.contract.may_resend
         while isinstance(result, base.InDoubt) and may_resend and resends < RESENDS:
@@ -155,8 +222,27 @@ class Dispatcher:
                 await dispatch.finish_attempt(conn, held, "unknown", result.reason)
                 held = await dispatch.new_attempt(conn, held, kind="resend",
                                                   traceparent=traceparent)
-            result = await connector.execute(call, token)
+            result, _ = await self._attempt(connector, call, token, held, "resend", first)
         return result, held
+
+    async def _attempt(
+        self, connector: base.Connector, call: base.Call, token: str, held: dispatch.Claim,
+        kind: str, first: Link | None,
+    ) -> tuple[base.Result, Link]:
+        """One connector call in its own ``attempt`` span; a reconnect or a resend links to
+        the first attempt. Returns the result and the link to the first attempt."""
+        with spans.span(tracer, "attempt", kind=SpanKind.CLIENT, links=[first], attributes={
+                spans.OPERATION_ID: str(call.operation_id), spans.ACTION: call.action,
+                spans.CONNECTOR: connector.name, spans.GENERATION: held.generation,
+                spans.ATTEMPT_KIND: kind, spans.ATTEMPT_ID: str(held.attempt_id)}) as span:
+            started = time.perf_counter()
+            result = await connector.execute(call, token)
+            outcome = _RESULTS.get(type(result), "other")
+            span.set_attribute(spans.OUTCOME, outcome)
+        telemetry_metrics.attempt_duration.record(
+            time.perf_counter() - started, connector=telemetry_metrics.bounded(connector.name),
+            outcome=outcome)
+        return result, first or Link(span.get_span_context(), {spans.LINK_REASON: "first_attempt"})
 
     async def record(
         self, held: dispatch.Claim, result: base.Result | base.NotFound, *,

@@ -22,13 +22,18 @@ from typing import Literal
 from uuid import UUID
 
 import asyncpg
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from agentledger import errors, faults
 from agentledger.approvals import repository as approvals
 from agentledger.connectors import base
 from agentledger.ledger import dispatch, repository
+from agentledger.telemetry import metrics as telemetry_metrics
+from agentledger.telemetry import spans
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("agentledger.reconciler")
 
 # A lookup is one read; the lease only needs to cover it and the bookkeeping.
 LEASE_S = 30.0
@@ -67,6 +72,28 @@ class Reconciler:
     async def reconcile(
         self, tenant_id: UUID, operation_id: UUID, connector_name: str, state: str
     ) -> Action:
+        """Recover one command; its ``reconciliation`` span (a new trace) links to the
+        original dispatch through the context recorded on the command's attempts."""
+        connector = self.connectors.get(connector_name)
+        if connector is None or (state == "unknown" and not connector.contract.lookup):
+            return "skipped"  # swept every period until an operator acts: no span each time
+        with spans.span(tracer, "reconciliation", context=spans.ROOT, attributes={
+                spans.OPERATION_ID: str(operation_id), spans.CONNECTOR: connector_name,
+                spans.STATE: state}) as span:
+            async with self.pool.acquire() as conn:
+                tried = await dispatch.attempts(conn, tenant_id, operation_id)
+            first = next((a for a in tried if a["traceparent"] and a["kind"] == "dispatch"),
+                         None)
+            spans.add_link(span, first["traceparent"] if first else None, "dispatch")
+            done = await self._reconcile(tenant_id, operation_id, connector_name, state)
+            span.set_attribute(spans.OUTCOME, done)
+        telemetry_metrics.reconciliations.add(
+            1, connector=telemetry_metrics.bounded(connector_name), outcome=done)
+        return done
+
+    async def _reconcile(
+        self, tenant_id: UUID, operation_id: UUID, connector_name: str, state: str
+    ) -> Action:
         connector = self.connectors.get(connector_name)
         if connector is None:
             return "skipped"
@@ -76,7 +103,8 @@ class Reconciler:
         async with self.pool.acquire() as conn:
             held = await dispatch.claim(conn, tenant_id, operation_id, worker_id=self.worker_id,
                                         lease_s=self.lease_s, take_over=True,
-                                        kind="lookup" if contract.lookup else "resend")
+                                        kind="lookup" if contract.lookup else "resend",
+                                        traceparent=spans.traceparent_of())
             if held is None:
                 return "skipped"
             row = await repository.load_command(conn, tenant_id, operation_id)
@@ -89,21 +117,25 @@ class Reconciler:
                 found = base.InDoubt("no lookup credential for this tenant")
             else:
                 await faults.point("reconciler.mid_lookup")
-                found = await connector.lookup(call, token)
+                with spans.span(tracer, "lookup", kind=SpanKind.CLIENT, attributes={
+                        spans.CONNECTOR: connector.name, spans.GENERATION: held.generation}):
+                    found = await connector.lookup(call, token)
             if isinstance(found, base.Applied):
                 await self._finalize(held, "succeeded", receipt=found.receipt)
                 return "succeeded"
             if isinstance(found, base.NotFound) and contract.may_resend:
                 async with self.pool.acquire() as conn:
                     await dispatch.requeue(conn, held, reason="lookup found no effect; resend "
-                                           "the same request with the same key")
+                                           "the same request with the same key",
+                                           traceparent=spans.traceparent_of())
                 return "requeued"
             await self._finalize(held, "unknown", reason=getattr(found, "reason", "no answer"))
             return "unknown"
         if contract.may_resend:
             async with self.pool.acquire() as conn:
                 await dispatch.requeue(conn, held, reason="lease expired; the contract allows "
-                                       "resending the same request")
+                                       "resending the same request",
+                                       traceparent=spans.traceparent_of())
             return "requeued"
         await self._finalize(held, "unknown", reason="lease expired without a recorded answer; "
                              "the provider cannot be asked: an operator must reconcile")
@@ -112,5 +144,6 @@ class Reconciler:
     async def _finalize(self, held: dispatch.Claim, state: dispatch.FinalState, *,
                         receipt: str | None = None, reason: str | None = None) -> None:
         async with self.pool.acquire() as conn:
-            await dispatch.finalize(conn, held, state, receipt=receipt, reason=reason)
+            await dispatch.finalize(conn, held, state, receipt=receipt, reason=reason,
+                                    traceparent=spans.traceparent_of())
         log.info("event=reconciled operation_id=%s state=%s", held.operation_id, state)

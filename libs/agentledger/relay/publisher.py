@@ -18,10 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from agentledger.relay import errors, metrics, pgoutput, routing
+from agentledger.telemetry import spans
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("agentledger.relay")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +107,15 @@ class Publisher:
         """Queue ``record``; its report arrives later in ``reports`` carrying ``token``.
 
         ``commit_time_us`` (pgoutput time) starts the lag measurement; ``None`` skips it.
+        A ``relay.publish`` span, child of the context captured at admission (the row's
+        ``traceparent``), lasts until the acknowledgement. The record carries that captured
+        context unchanged, as its one ``traceparent`` header, like Debezium's router.
 
         Raises:
             DeliveryFailed: the producer refused the record outright.
         """
-        on_delivery = self._callback(record.family, commit_time_us, token)
+        span = _publish_span(record)
+        on_delivery = self._callback(record.family, commit_time_us, token, span)
         while True:
             try:
                 self._producer.produce(
@@ -122,6 +130,8 @@ class Publisher:
                 # Local queue full: wait for reports to make room (the poller serves them).
                 time.sleep(0.01)
             except KafkaException as exc:
+                spans.failed(span, exc)
+                span.end()
                 raise errors.DeliveryFailed(
                     "producer refused a record", topic=record.topic
                 ) from exc
@@ -139,13 +149,17 @@ class Publisher:
         os.close(self._wake_w)
 
     def _callback(
-        self, family: str, commit_time_us: int | None, token: object
+        self, family: str, commit_time_us: int | None, token: object, span: Span
     ) -> Callable[[KafkaError | None, Message], None]:
         commit_unix = None if commit_time_us is None else pgoutput.unix_seconds(commit_time_us)
 
         def report(err: KafkaError | None, _msg: Message) -> None:
             if err is None and commit_unix is not None:
                 self._metrics.acknowledged(family, (time.time() - commit_unix) * 1000.0)
+            if err is not None:
+                span.set_attribute(spans.ERROR_TYPE, err.name())
+                span.set_status(Status(StatusCode.ERROR, err.name()))
+            span.end()
             self.reports.put(Report(token, err is None, None if err is None else err.str()))
             try:
                 os.write(self._wake_w, b"!")
@@ -165,3 +179,20 @@ class Publisher:
             # Short timeout: the loop returns as soon as a report is served, and checks
             # the closed flag at least this often.
             self._producer.poll(0.1)
+
+
+def _publish_span(record: routing.Record) -> Span:
+    """The span of one record's publication; ids and names only, never the payload."""
+    headers = dict(record.headers)
+    traceparent, tracestate = headers.get("traceparent"), headers.get("tracestate")
+    attributes: dict[str, str] = {
+        "messaging.system": "kafka", "messaging.operation.type": "publish",
+        "messaging.destination.name": record.topic, "messaging.message.id": record.event_id,
+        "agentledger.topic.family": record.family,
+        "agentledger.event_type": headers.get("type", b"").decode(errors="replace")}
+    if record.operation_id:
+        attributes[spans.OPERATION_ID] = record.operation_id
+    return tracer.start_span(
+        "relay.publish", kind=SpanKind.PRODUCER, attributes=attributes,
+        context=spans.context_from(traceparent.decode() if traceparent else None,
+                                   tracestate.decode() if tracestate else None) or spans.ROOT)

@@ -34,6 +34,7 @@ class Record:
         key: Kafka key (``aggregateid``).
         value: the JSON payload, byte for byte as the database rendered it.
         headers: ``id``, ``type``, and trace context when present.
+        operation_id: the row's operation id, for the publish span only (never a header).
     """
 
     table: str
@@ -43,6 +44,7 @@ class Record:
     key: bytes
     value: bytes
     headers: tuple[tuple[str, bytes], ...]
+    operation_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class Router:
             key=(row.get("aggregateid") or "").encode(),
             value=(row.get("payload") or "null").encode(),
             headers=tuple(headers),
+            operation_id=row.get("operation_id"),
         )
 
     def _destination(self, table: str, aggregatetype: str) -> tuple[str, str, str]:
