@@ -7,6 +7,7 @@ from datetime import timedelta
 import asyncpg
 from faststream import FastStream
 from faststream.confluent import KafkaBroker
+from faststream.confluent.opentelemetry import KafkaTelemetryMiddleware
 
 from agentledger import admission, crypto, errors, identity
 from agentledger.contracts import topics
@@ -21,8 +22,11 @@ from agentledger.services.admission.settings import AdmissionSettings
 
 def create_app(settings: AdmissionSettings | None = None) -> FastStream:
     cfg = settings or AdmissionSettings.model_validate({})
+    # FastStream's middleware continues each record's context and injects it into what we
+    # publish; the confluent-kafka instrumentation is NOT also used (two traceparent headers).
     broker = KafkaBroker(cfg.kafka_bootstrap, acks="all", enable_idempotence=True,
-                         client_id="agentledger-admission")
+                         client_id="agentledger-admission",
+                         middlewares=(KafkaTelemetryMiddleware(),))
     app = FastStream(broker)
     rules = allowlist.Allowlist.load()
     resolver = CrmResolver(cfg.crm_url, cfg.crm_read_tokens)

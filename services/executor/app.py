@@ -8,6 +8,7 @@ import socket
 import asyncpg
 from faststream import FastStream
 from faststream.confluent import KafkaBroker
+from faststream.confluent.opentelemetry import KafkaTelemetryMiddleware
 
 from agentledger import crypto
 from agentledger.connectors import base, crm
@@ -25,8 +26,10 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
     cfg = settings or ExecutorSettings.model_validate({})
     topic = cfg.exec_topic or topics.exec_topic(cfg.connector)
     group = cfg.group_id or f"agentledger-executor-{cfg.connector}"
+    # One propagator per client: FastStream's middleware (never also confluent's instrumentation).
     broker = KafkaBroker(cfg.kafka_bootstrap, acks="all", enable_idempotence=True,
-                         client_id=f"agentledger-executor-{cfg.connector}")
+                         client_id=f"agentledger-executor-{cfg.connector}",
+                         middlewares=(KafkaTelemetryMiddleware(),))
     app = FastStream(broker)
     rules = allowlist.Allowlist.load()
     connectors = {name: c for name, c in crm.registry(cfg.crm_url).items()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from faststream import FastStream
 from faststream.confluent import KafkaBroker
+from faststream.confluent.opentelemetry import KafkaTelemetryMiddleware
 
 from agentledger import errors, identity
 from agentledger.contracts import topics
@@ -29,8 +30,10 @@ def build_adapter(cfg: PlannerSettings, rules: allowlist.Allowlist) -> adapters.
 
 def create_app(settings: PlannerSettings | None = None) -> FastStream:
     cfg = settings or PlannerSettings.model_validate({})
+    # One propagator per client: FastStream's middleware (never also confluent's instrumentation).
     broker = KafkaBroker(cfg.kafka_bootstrap, acks="all", enable_idempotence=True,
-                         client_id="agentledger-planner")
+                         client_id="agentledger-planner",
+                         middlewares=(KafkaTelemetryMiddleware(),))
     app = FastStream(broker)
     rules = allowlist.Allowlist.load(cfg.allowlist_path)
     retriever = retrieval.CrmRetriever(cfg.crm_url, cfg.crm_read_tokens)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from agentledger import telemetry
 from agentledger.services.reconciler.app import run
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    telemetry.setup("agentledger-reconciler")
     asyncio.run(run())

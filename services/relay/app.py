@@ -12,6 +12,7 @@ import threading
 from types import FrameType
 
 from agentledger import settings as shared
+from agentledger import telemetry
 from agentledger.relay import errors, stream
 from agentledger.services.relay import settings
 
@@ -28,6 +29,7 @@ def main() -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    telemetry.setup("agentledger-relay")
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
