@@ -1,7 +1,8 @@
 """Admission throughput through agentledger's own code, as a library and as the service.
 
-- library: ``Admitter.admit`` (allowlist, closed schema, policy, canonical hash, payload
-  encryption, ``repository.admit``) from N concurrent tasks on one asyncpg pool, acting as
+- library: ``Admitter.admit`` (identity envelope, allowlist, closed schema, Cedar policy on
+  the principal directory, canonical hash, payload encryption, ``repository.admit`` with the
+  recorded decision) from N concurrent tasks on one asyncpg pool, acting as
   ``agentledger_admission`` like the service. The target is resolved from memory
   (``MappingResolver``) so the figure is admission's own cost, not the CRM's.
 - service: ``python -m agentledger.services.admission`` as a subprocess with the real CRM
@@ -23,14 +24,15 @@ from typing import Any
 import asyncpg
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
-from tests.integration import processes
+from tests.integration import identities, processes
 from tests.integration.crm.conftest import run_crm
 from tests.integration.relay import support as relay_support
 
 from agentledger import admission, crypto
 from agentledger.contracts.proposals import ProposalV1
 from agentledger.ledger import keys
-from agentledger.policy import allowlist, decision
+from agentledger.policy import allowlist
+from agentledger.policy import repository as policy_repo
 from agentledger.resources import MappingResolver
 from bench import e2e, procstats, profile, stats, workload
 
@@ -49,15 +51,19 @@ async def _library(url: str, concurrency: int, seconds: float) -> dict[str, Any]
         await conn.execute('SET ROLE "agentledger_admission"')
 
     tenants = [uuid.uuid4() for _ in range(TENANTS)]
+    for t in tenants:
+        await identities.put_principals(url, t, identities.DEFAULT_PRINCIPALS)
     rules = allowlist.Allowlist.load()
+    master = crypto.MasterKey.from_b64(base64.b64encode(os.urandom(32)).decode())
     pool = await asyncpg.create_pool(url, min_size=concurrency, max_size=concurrency,
                                      init=as_admission)
     try:
         admitter = admission.Admitter(
             pool=pool, allowlist=rules,
             resolver=MappingResolver({(t, "crm", CUSTOMER): None for t in tenants}),
-            policy=decision.AllowlistPolicy(rules),
-            cipher=keys.PayloadCipher(crypto.MasterKey.from_b64(base64.b64encode(os.urandom(32)).decode())),
+            authorizer=policy_repo.CedarAuthorizer(),
+            cipher=keys.PayloadCipher(master),
+            envelope_keys=identities.KEYSET,
         )
         for t in tenants:  # first use creates each tenant's data key: not steady state
             await admitter.admit(_proposal(t))
@@ -118,6 +124,8 @@ def service(bootstrap: str, ledger_url: str, crm_url: str, logs: Path, *, count:
             tenant, customer = str(uuid.uuid4()), f"c-{tag}"
             asyncio.run(crm.customer(tenant, customer, email="ada@example.com"))
             read_token = asyncio.run(crm.token(tenant, "read"))
+            asyncio.run(identities.put_principals(ledger_url, tenant,
+                                                  identities.DEFAULT_PRINCIPALS))
             env = {
                 "AGENTLEDGER_DATABASE_URL": ledger_url, "AGENTLEDGER_KAFKA_BOOTSTRAP": bootstrap,
                 "AGENTLEDGER_MASTER_KEY": base64.b64encode(os.urandom(32)).decode(),
@@ -127,6 +135,7 @@ def service(bootstrap: str, ledger_url: str, crm_url: str, logs: Path, *, count:
                 "AGENTLEDGER_ADMISSION_PROPOSALS_TOPIC": ns + "agent.proposals.v1",
                 "AGENTLEDGER_ADMISSION_ADMISSIONS_TOPIC": ns + "agent.admissions.v1",
                 "AGENTLEDGER_ADMISSION_PARTITIONS": "3",
+                "AGENTLEDGER_ADMISSION_ENVELOPE_KEYS": json.dumps(identities.ENVELOPE_KEYS),
             }
             with processes.running("agentledger.services.admission", env,
                                    logs / "admission-only.log",

@@ -7,8 +7,9 @@ baseline follows the real schema and queries instead of a hand copy that drifts:
 - ``seed``: the seed admission transaction, one ledger row plus its outbox row (the
   ``admit_command`` statement) in BEGIN/END, as the database owner. Its best rate over
   1, 8 and 32 clients is ``pg_limit_tps``.
-- ``full``: every statement ``repository.admit`` sends (statement timeout, tenant binding,
-  admit, read-back, audit event), as ``agentledger_admission`` under row-level security.
+- ``full``: every statement admission's transaction sends (statement timeout, tenant
+  binding, admit, read-back, audit event, the policy decision), as ``agentledger_admission``
+  under row-level security.
   It shows how much of the gap to ``seed`` is SQL rather than Python.
 """
 
@@ -24,7 +25,9 @@ from typing import Any
 from agentledger import sql
 
 PGBENCH = os.environ.get("AGENTLEDGER_PGBENCH", "/usr/lib/postgresql/15/bin/pgbench")
-QUERIES = sql.load(Path(__file__).resolve().parents[1] / "libs/agentledger/ledger/queries.sql")
+LIBS = Path(__file__).resolve().parents[1] / "libs/agentledger"
+QUERIES = sql.load(LIBS / "ledger/queries.sql")
+POLICY_QUERIES = sql.load(LIBS / "policy/queries.sql")
 CLIENTS = (1, 8, 32)
 
 _TENANT = "('00000000-0000-4000-8000-' || lpad(:tenant::text, 12, '0'))::uuid"
@@ -71,7 +74,7 @@ def seed_script() -> str:
 
 
 def full_script() -> str:
-    """Every statement of ``repository.admit``, in its order."""
+    """Every statement of admission's transaction (``repository.admit`` + the decision)."""
     statements = [
         "SELECT set_config('statement_timeout', '5000ms', true);",
         bind(QUERIES["bind_tenant"], {1: _TENANT}),
@@ -80,6 +83,10 @@ def full_script() -> str:
         bind(QUERIES["append_event"], {1: _TENANT, 2: _OP, 3: "'audit'",
                                        4: "'command.admitted'", 5: _AUDIT_PAYLOAD,
                                        6: _TRACEPARENT, 7: "NULL::text"}),
+        bind(POLICY_QUERIES["record_decision"], {
+            1: "gen_random_uuid()", 2: _TENANT, 3: "'user-alice'", 4: "'crm.note.create'",
+            5: "'c-bench'", 6: "'allow'", 7: "'cedar/bench'", 8: "'[\"policy0\"]'",
+            9: "'permitted by policy0'", 10: "'admission'", 11: _OP}),
     ]
     return _VARIABLES + "BEGIN;\n" + "\n".join(statements) + "\nEND;\n"
 

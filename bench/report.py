@@ -11,7 +11,7 @@ from bench import stats
 # (key, unit, what it is) in the order the table shows them.
 ROWS: list[tuple[str, str, str]] = [
     ("pg_limit_tps", "tx/s", "pgbench, seed admission tx (ledger + outbox), best of 1/8/32"),
-    ("pg_limit_full_tps", "tx/s", "pgbench, every statement of repository.admit, RLS role"),
+    ("pg_limit_full_tps", "tx/s", "pgbench, every statement of the admission tx, RLS role"),
     ("admission_tps", "adm/s", "Admitter.admit in-process, best of 1/8/32 tasks"),
     ("admission_ratio", "ratio", "admission_tps / pg_limit_tps"),
     ("admission_ratio_full", "ratio", "admission_tps / pg_limit_full_tps"),

@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg2
 from confluent_kafka import Producer
+from tests.integration import identities
 
 from bench import procstats, stats
 
@@ -33,15 +34,18 @@ STEADY_SHARE = 0.5
 
 
 def proposal(tenant: str, customer: str, op: uuid.UUID) -> bytes:
-    """One ``agent.proposals.v1`` record for a CRM note, as the planner would send it."""
-    return json.dumps({
+    """One ``agent.proposals.v1`` record for a CRM note, as the planner would send it.
+
+    Signed with the test ingress key (``tests.integration.identities``), as ingress would.
+    """
+    return json.dumps(identities.sign({
         "schema": "agentledger.proposal.v1", "proposal_id": str(uuid.uuid4()),
         "tenant_id": tenant, "principal_id": "user:alice", "operation_id": str(op),
         "action": "crm.note.create",
         "arguments": {"customer_id": customer, "body": f"bench note {op}"},
         "target": customer, "expected_revision": None, "planner": {"name": "bench"},
         "created_at": datetime.now(UTC).isoformat(),
-    }).encode()
+    })).encode()
 
 
 @dataclass
