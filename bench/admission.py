@@ -97,8 +97,8 @@ def library(url: str, seconds: float) -> dict[str, Any]:
 
 def _results(bootstrap: str, topic: str, want: int, timeout: float) -> list[float]:
     """Record timestamps (s) of ``admitted`` results on ``topic``, until ``want`` or timeout."""
-    consumer = Consumer({"bootstrap.servers": bootstrap,
-                         "group.id": f"bench-read-{uuid.uuid4().hex}",
+    group = f"bench-read-{uuid.uuid4().hex}"
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
     consumer.subscribe([topic])
     stamps: list[float] = []
@@ -110,6 +110,7 @@ def _results(bootstrap: str, topic: str, want: int, timeout: float) -> list[floa
                     stamps.append(msg.timestamp()[1] / 1000.0)
     finally:
         consumer.close()
+        e2e.forget_groups(bootstrap, [group])
     return stamps
 
 

@@ -9,6 +9,7 @@ the CRM's ``delay`` fault on every note: 200 ms before each note is handled.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -89,10 +90,19 @@ def run(bootstrap: str, ledger_url: str, crm_url: str, logs: Path, *, burst_size
 
 
 def forget_groups(bootstrap: str, groups: list[str]) -> None:
-    """Delete the run's consumer groups; best effort (the broker also expires empty ones)."""
-    futures = AdminClient({"bootstrap.servers": bootstrap}).delete_consumer_groups(groups)
-    for future in futures.values():
-        try:
-            future.result(10)
-        except Exception:  # noqa: S110 -- already gone, or members still leaving: either way
-            pass
+    """Delete the run's consumer groups; members that just stopped may take a few seconds to
+    leave, so a non-empty group is retried, and whatever remains is left to the broker."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    pending = list(groups)
+    for _ in range(4):
+        futures = admin.delete_consumer_groups(pending)
+        pending = []
+        for group, future in futures.items():
+            try:
+                future.result(10)
+            except Exception as exc:
+                if "NON_EMPTY" in str(exc) or "NOT_EMPTY" in str(exc):
+                    pending.append(group)
+        if not pending:
+            return
+        time.sleep(5)  # waiting for departed members' sessions to end, bounded above
