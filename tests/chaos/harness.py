@@ -113,6 +113,19 @@ def effect_baseline(p: Pipeline) -> int:
     return max((e["effect_id"] for e in asyncio.run(p.crm.effects(p.tenant))), default=0)
 
 
+def unsettled(p: Pipeline, ops: Iterable[uuid.UUID]) -> dict[str, Any]:
+    """For a failure message: the commands not yet terminal or unknown, and the missing ones."""
+    wanted = list(ops)
+    found = states(p, wanted)
+    missing = {str(o) for o in wanted if o not in found}
+    answers = p.read("agent.admissions.v1", lambda v: v.get("operation_id") in missing,
+                     timeout=5) if missing else []
+    answers = [(a.get("status"), a.get("reason_code"), a.get("reason")) for a in answers]
+    return {"missing": sorted(missing), "admission answers for the missing": answers,
+            "open": {str(o): s for o, (s, _) in found.items()
+                     if s not in TERMINAL and s != "unknown"}}
+
+
 def check(p: Pipeline, report: PointReport, ops: dict[uuid.UUID, str], baseline: int) -> PointReport:
     """The invariants of issue 9, counted into the report (the test asserts the zeros)."""
     found = states(p, ops)

@@ -31,14 +31,14 @@ def _run(p: Pipeline, point: str, service: str, *, refunds: bool = False) -> har
             op = p.propose("billing.refund.create", {"invoice_id": f"inv-{i}", "amount_minor": 100 + i,
                                                      "currency": "EUR", "reason": "chaos"})
             ops[op] = "refund"
-            assert wait_until(lambda: p.pending_approval(op), timeout=60)
+            assert wait_until(lambda op=op: p.pending_approval(op), timeout=60)
             p.approve(op)
         else:
             harness.note(p, ops)()
         harness.wait_killed(p, service)
         report.kills += 1
     harness.restart(p, service, None)
-    assert harness.settle(p, ops), harness.states(p, ops)
+    assert harness.settle(p, ops), harness.unsettled(p, ops)
     report.seconds = time.monotonic() - started
     return harness.check(p, report, ops, baseline)
 

@@ -292,3 +292,19 @@ async def test_budget_roles_are_least_privilege(db: asyncpg.Connection) -> None:
         "SELECT relname FROM pg_class WHERE relname IN ('budget', 'budget_reservation') "
         "AND relrowsecurity AND relforcerowsecurity")
     assert len(forced) == 2
+
+
+async def test_a_reservation_is_idempotent_per_operation(db: asyncpg.Connection) -> None:
+    # A proposal redelivered after its admission died between reserve and admit must not
+    # spend the budget again (found by the chaos suite).
+    tenant, workflow, op = uuid.uuid4(), "wf-redelivered", uuid.uuid4()
+    await budgets.open(db, tenant, workflow, {"tool_calls": 2}, None)
+    first = await budgets.reserve(db, tenant, workflow, "tool_calls", 1, operation_id=op)
+    again = await budgets.reserve(db, tenant, workflow, "tool_calls", 1, operation_id=op)
+    assert again.reservation_id == first.reservation_id
+    left = await budgets.remaining(db, tenant, workflow)
+    assert (left["tool_calls"].reserved, left["tool_calls"].remaining) == (1, 1)
+    await budgets.commit(db, first, 1)
+    # Once settled, the same operation reserves anew (a replay is released after admission).
+    third = await budgets.reserve(db, tenant, workflow, "tool_calls", 1, operation_id=op)
+    assert third.reservation_id != first.reservation_id
