@@ -33,4 +33,5 @@ def register(broker: KafkaBroker, planner: proposer.Proposer, *, group_id: str,
         # Commit only after the proposal is published; retrieval or model outages
         # (retryable) redeliver, invalid requests and envelopes are dead-lettered.
         ack_policy=AckPolicy.NACK_ON_ERROR,
+        decoder=handling.raw_body,
     )(handling.guarded(broker, on_request))

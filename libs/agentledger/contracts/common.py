@@ -17,6 +17,7 @@ from uuid import UUID
 from pydantic import (
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     JsonValue,
@@ -38,7 +39,15 @@ class Contract(BaseModel):
 TenantId = Annotated[UUID, Strict(False)]
 OperationId = Annotated[UUID, Strict(False)]
 Uuid = Annotated[UUID, Strict(False)]
-Timestamp = Annotated[AwareDatetime, Strict(False)]
+def _no_epoch_numbers(value: object) -> object:
+    # Non-strict parsing would read a JSON number as Unix seconds (found by the fuzz suite:
+    # `"created_at": 5` parsed as 1970); on the wire an instant is an ISO 8601 string.
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        raise ValueError("a timestamp is an ISO 8601 string with a timezone, not a number")
+    return value
+
+
+Timestamp = Annotated[AwareDatetime, Strict(False), BeforeValidator(_no_epoch_numbers)]
 """A timezone-aware instant; naive datetimes are ambiguous across services and rejected."""
 
 PrincipalId = Annotated[

@@ -72,6 +72,18 @@ def headers_of(msg: KafkaMessage) -> dict[str, bytes]:
     return {name: value for name, value in pairs if isinstance(value, bytes)}
 
 
+async def raw_body(msg: Any) -> bytes:
+    """A FastStream decoder that decodes nothing: handlers parse the bytes themselves.
+
+    FastStream's default decoder parses JSON before the handler runs, outside ``guarded``:
+    a hostile body (say, nesting deep enough to exhaust the parser) then fails before any
+    handler can dead-letter it, and with a redelivering ack policy stalls the partition for
+    good (found by the fuzz suite). Every subscriber passes ``decoder=raw_body``.
+    """
+    body: bytes = msg.body
+    return body
+
+
 def guarded(broker: KafkaBroker, handle: Handler) -> Handler:
     """Wrap a handler so every failure becomes exactly one broker action."""
 
