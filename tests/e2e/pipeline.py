@@ -78,6 +78,7 @@ class Pipeline:
     # With the console only: its URL, the identity provider of its sessions, and a second
     # tenant (tenant id → customer id) whose requests the first tenant must never see.
     console_url: str | None = None
+    ingress_url: str | None = None
     sessions: SessionIssuer | None = None
     others: dict[str, str] = field(default_factory=dict)
 
@@ -184,7 +185,7 @@ async def _approve(database_url: str, tenant: uuid.UUID, op: uuid.UUID, approver
 def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Path,
              *, executor_env: dict[str, str] | None = None,
              env: Mapping[str, Mapping[str, str]] | None = None,
-             console: bool = False) -> Iterator[Pipeline]:
+             console: bool = False, ingress: bool = False) -> Iterator[Pipeline]:
     """Start the pipeline; ``env`` adds variables per service name (``relay``, ``admission``,
     ``executor-crm``, ``executor-billing``, ``reconciler``, ``console``).
 
@@ -257,4 +258,22 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
                 "AGENTLEDGER_CONSOLE_CRM_READ_TOKENS": json.dumps(read_tokens),
                 "AGENTLEDGER_CONSOLE_COOKIE_SECURE": "false"},
                 processes.http_ok(f"{p.console_url}/readyz"))
+        if ingress:
+            p.sessions = p.sessions or SessionIssuer.generate()
+            port = processes.free_port()
+            p.ingress_url = f"http://127.0.0.1:{port}"
+            start("ingress", "agentledger.services.ingress", {
+                "AGENTLEDGER_INGRESS_PORT": str(port),
+                "AGENTLEDGER_INGRESS_SESSION_KEYS": json.dumps({p.sessions.kid: p.sessions.public_pem}),
+                "AGENTLEDGER_INGRESS_SESSION_ISSUER": p.sessions.issuer,
+                "AGENTLEDGER_INGRESS_SESSION_AUDIENCE": p.sessions.audience,
+                # Signs with the key admission trusts (tests.integration.identities).
+                "AGENTLEDGER_INGRESS_ENVELOPE_KEY": identities.PRIVATE_PEM,
+                "AGENTLEDGER_INGRESS_ENVELOPE_KID": identities.KID,
+                "AGENTLEDGER_INGRESS_REQUESTS_TOPIC": p.topic("agent.requests.v1"),
+                "AGENTLEDGER_INGRESS_PROPOSALS_TOPIC": p.topic("agent.proposals.v1"),
+                "AGENTLEDGER_INGRESS_GATEWAY_PROPOSALS_TOPIC": p.topic("gateway.proposals.v1"),
+                "AGENTLEDGER_INGRESS_GROUP_ID": f"ingress-{tag}",
+                "AGENTLEDGER_INGRESS_PARTITIONS": "3"},
+                processes.http_ok(f"{p.ingress_url}/readyz"))
         yield p

@@ -1,0 +1,159 @@
+"""Recovery paths under faults: the reconciler killed mid-lookup, a paused worker past its
+lease, consumer-group rebalances mid-dispatch, and a broker restart (on a private stack)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable
+
+import pytest
+
+from tests.chaos import harness
+from tests.e2e.pipeline import Pipeline, pipeline
+from tests.helpers import wait_until
+from tests.integration import processes
+from tests.private_stack import PrivateStack
+
+
+def test_kill_the_reconciler_mid_lookup(chaos: Pipeline) -> None:
+    # Every executor kill after its claim leaves an expired lease; the reconciler must then
+    # look the key up, and is killed there; a later reconciler takes over again.
+    started, baseline = time.monotonic(), harness.effect_baseline(chaos)
+    report = harness.PointReport("reconciler.mid_lookup")
+    ops: dict[uuid.UUID, str] = {}
+    for _ in range(harness.KILLS):
+        harness.restart(chaos, "executor-crm", "executor.after_claim:kill:1")
+        harness.restart(chaos, "reconciler", "reconciler.mid_lookup:kill:1")
+        harness.note(chaos, ops)()
+        harness.wait_killed(chaos, "executor-crm")
+        harness.wait_killed(chaos, "reconciler")
+        report.kills += 1
+    harness.restart(chaos, "reconciler", None)
+    harness.restart(chaos, "executor-crm", None)
+    assert harness.settle(chaos, ops), harness.unsettled(chaos, ops)
+    report.seconds = time.monotonic() - started
+    harness.check(chaos, report, ops, baseline)
+    harness.save(report)
+    assert (report.duplicate_effects, report.invented_successes, report.lost_commands,
+            report.redispatched_successes, report.unknowns) == (0, 0, 0, 0, 0), report
+
+
+def test_a_paused_worker_past_its_lease_cannot_finalize(chaos: Pipeline, tmp_path: object) -> None:
+    # Worker A stops itself (SIGSTOP) right after claiming; its lease expires; the reconciler
+    # takes over and requeues; worker B (same group) dispatches. Then A resumes, makes its
+    # call with the same key (the CRM replays) and is fenced out of finalizing.
+    baseline = harness.effect_baseline(chaos)
+    a = chaos.services["executor-crm"]
+    harness.restart(chaos, "executor-crm", "executor.after_claim:pause:1")
+    b_env = {**a.env, "AGENTLEDGER_EXECUTOR_GROUP_INSTANCE_ID": "executor-crm-1"}
+    b_env.pop("AGENTLEDGER_FAULT", None)
+    b = processes.Service(a.module, b_env, a.log.with_name("executor-crm-b.log"))
+    b.start()
+    try:
+        ops: dict[uuid.UUID, str] = {}
+        op = harness.note(chaos, ops)()
+        assert a.proc is not None
+        pid = a.proc.pid
+        assert wait_until(lambda: _stopped(pid), timeout=60), "worker A never paused"
+        state = chaos.wait_state(op, "succeeded", timeout=90)
+        assert state[0] == "succeeded"
+        os.kill(pid, signal.SIGCONT)
+        assert wait_until(lambda: "event=fenced_out" in a.log.read_text(), timeout=60), a.tail()
+        report = harness.check(chaos, harness.PointReport("stale holder (SIGSTOP/SIGCONT)"), ops, baseline)
+        report.kills = 1
+        harness.save(report)
+        assert (report.effects, report.duplicate_effects) == (1, 0), report
+        assert chaos.state(op) == state  # A's late answer changed nothing
+    finally:
+        b.stop()
+        harness.restart(chaos, "executor-crm", None)
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1].startswith("T")
+    except OSError:
+        return False
+
+
+def test_rebalance_mid_dispatch_loses_nothing_and_duplicates_nothing(chaos: Pipeline) -> None:
+    # A slow provider keeps calls in flight while executors join and leave the group.
+    baseline = harness.effect_baseline(chaos)
+    asyncio.run(chaos.crm.arm({"match": {"method": "POST", "path_prefix": "/v1/customers/"},
+                               "action": "delay", "delay_ms": 300, "times": 1000}))
+    a = chaos.services["executor-crm"]
+    extra: list[processes.Service] = []
+    ops: dict[uuid.UUID, str] = {}
+    try:
+        submit = harness.note(chaos, ops)
+        for _ in range(10):
+            submit()
+        for i in range(2):  # two executors join mid-dispatch...
+            env = {**a.env, "AGENTLEDGER_EXECUTOR_GROUP_INSTANCE_ID": f"executor-crm-x{i}"}
+            env.pop("AGENTLEDGER_FAULT", None)
+            svc = processes.Service(a.module, env, a.log.with_name(f"executor-crm-x{i}.log"))
+            svc.start()
+            extra.append(svc)
+            for _ in range(10):
+                submit()
+        extra[0].stop()  # ...one leaves gracefully (drains its calls)...
+        for _ in range(10):
+            submit()
+        extra[1].kill()  # ...and one dies mid-call
+        for _ in range(10):
+            submit()
+        assert harness.settle(chaos, ops, timeout=180), harness.unsettled(chaos, ops)
+    finally:
+        for svc in extra:
+            svc.stop()
+        asyncio.run(chaos.crm.disarm())
+    report = harness.check(chaos, harness.PointReport("rebalance (join, leave, die)"), ops, baseline)
+    report.kills = 1
+    harness.save(report)
+    assert (report.duplicate_effects, report.invented_successes, report.lost_commands,
+            report.unknowns) == (0, 0, 0, 0), report
+    assert report.effects == len(ops)
+
+
+def test_broker_restart_mid_dispatch_loses_nothing(
+    private_stack: PrivateStack, make_database: Callable[[], str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # The whole pipeline on a private broker and database, so the restart disturbs no one else.
+    import psycopg2
+
+    def fresh(url: str) -> str:
+        name = f"al_chaos_{uuid.uuid4().hex[:10]}"
+        conn = psycopg2.connect(url)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f'CREATE DATABASE "{name}"')
+        conn.close()
+        return url.rsplit("/", 1)[0] + "/" + name
+
+    from agentledger import migrations, settings
+    ledger_url = fresh(private_stack.database_url)
+    asyncio.run(migrations.migrate(ledger_url, settings.REPO_ROOT / "migrations"))
+    with pipeline(private_stack.bootstrap, ledger_url, fresh(private_stack.database_url),
+                  tmp_path_factory.mktemp("broker"), env=harness.CHAOS_ENV) as p:
+        baseline = harness.effect_baseline(p)
+        ops: dict[uuid.UUID, str] = {}
+        submit = harness.note(p, ops)
+        for _ in range(10):
+            submit()
+        private_stack.run("kafka", "stop")
+        private_stack.run("kafka", "start")
+        for _ in range(10):
+            submit()
+        assert harness.settle(p, ops, timeout=180), harness.unsettled(p, ops)
+        report = harness.check(p, harness.PointReport("broker restart"), ops, baseline)
+        report.kills = 1
+        harness.save(report)
+        assert (report.duplicate_effects, report.invented_successes, report.lost_commands,
+                report.unknowns) == (0, 0, 0, 0), report
+        assert report.effects == len(ops)
