@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 ENV_FILE := .local/env
 
-.PHONY: help bootstrap up down status migrate demo test test-unit lint
+.PHONY: help bootstrap up down status migrate demo test test-unit lint chaos
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -45,3 +45,7 @@ bench: bootstrap ## Benchmark vs pgbench and DBOS in one run (~8 min) → bench/
 lint: bootstrap ## ruff + mypy (strict)
 	@.venv/bin/ruff check libs services tests
 	@.venv/bin/mypy
+
+N ?= 20
+chaos: bootstrap ## Kill real services at every fault point N times each (default 20; `make chaos N=200`)
+	@AGENTLEDGER_CHAOS_N=$(N) $(PY) -m pytest tests/chaos -p no:cacheprovider --timeout=7200
