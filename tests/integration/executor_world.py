@@ -12,12 +12,12 @@ from typing import Any
 import asyncpg
 
 from agentledger import admission, crypto
+from agentledger.approvals import repository as approvals
 from agentledger.connectors import base
 from agentledger.connectors import crm as crm_connectors
 from agentledger.contracts.proposals import ProposalV1
 from agentledger.executor import dispatcher, reconciler
 from agentledger.ledger import keys
-from agentledger.approvals import repository as approvals
 from agentledger.policy import allowlist
 from agentledger.policy import repository as policy_repo
 from agentledger.resources import MappingResolver
