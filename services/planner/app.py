@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import asyncpg
 from faststream import FastStream
 from faststream.confluent import KafkaBroker
 from faststream.confluent.opentelemetry import KafkaTelemetryMiddleware
@@ -9,7 +12,7 @@ from faststream.confluent.opentelemetry import KafkaTelemetryMiddleware
 from agentledger import errors, identity
 from agentledger.contracts import topics
 from agentledger.kafka import topics as kafka_topics
-from agentledger.planning import adapters, proposer, retrieval
+from agentledger.planning import adapters, budget, proposer, retrieval
 from agentledger.policy import allowlist
 from agentledger.services.planner import handlers
 from agentledger.services.planner.settings import PlannerSettings
@@ -40,19 +43,34 @@ def create_app(settings: PlannerSettings | None = None) -> FastStream:
     adapter = build_adapter(cfg, rules)
     planner = proposer.Proposer(retriever=retriever, adapter=adapter, rules=rules,
                                 envelope_keys=identity.KeySet.from_pem(cfg.envelope_keys))
+    pools: list[asyncpg.Pool] = []
+
+    async def as_planner(conn: asyncpg.Connection) -> None:
+        await conn.execute(f'SET ROLE "{cfg.db_role}"')
 
     @app.on_startup
     async def start() -> None:
         kafka_topics.ensure(cfg.kafka_bootstrap, {
             cfg.requests_topic: cfg.partitions, cfg.proposals_topic: cfg.partitions,
-            topics.dlq_topic(cfg.requests_topic): 1,
+            topics.dlq_topic(cfg.requests_topic): 1, cfg.admissions_topic: cfg.partitions,
         })
-        handlers.register(broker, planner, group_id=cfg.group_id,
-                          requests_topic=cfg.requests_topic, proposals_topic=cfg.proposals_topic)
+        if cfg.database_url:
+            pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=4,
+                                             init=as_planner)
+            pools.append(pool)
+            budgeted = dataclasses.replace(
+                planner, tokens=budget.TokenBudget(pool, per_call=cfg.tokens_per_call))
+        else:
+            budgeted = planner
+        handlers.register(broker, budgeted, group_id=cfg.group_id,
+                          requests_topic=cfg.requests_topic, proposals_topic=cfg.proposals_topic,
+                          admissions_topic=cfg.admissions_topic)
 
     @app.after_shutdown
     async def stop() -> None:
         await retriever.aclose()
+        for pool in pools:
+            await pool.close()
         if isinstance(adapter, adapters.OpenAIAdapter):
             await adapter.aclose()
 

@@ -2,18 +2,21 @@
 
 # No `from __future__ import annotations`: FastStream reads handler annotations at runtime.
 
+from datetime import UTC, datetime
+
 from faststream import AckPolicy
 from faststream.confluent import KafkaBroker
 from faststream.confluent.annotations import KafkaMessage
 
-from agentledger.contracts import common
+from agentledger.contracts import admission, common, topics
 from agentledger.contracts.requests import RequestV1
 from agentledger.kafka import handling
 from agentledger.planning import adapters, proposer
 
 
 def register(broker: KafkaBroker, planner: proposer.Proposer, *, group_id: str,
-             requests_topic: str, proposals_topic: str) -> None:
+             requests_topic: str, proposals_topic: str,
+             admissions_topic: str = topics.ADMISSIONS) -> None:
     """Subscribe to ``agent.requests.v1``; proposals go to ``agent.proposals.v1``."""
 
     async def on_request(msg: KafkaMessage) -> None:
@@ -21,7 +24,14 @@ def register(broker: KafkaBroker, planner: proposer.Proposer, *, group_id: str,
         trace = common.TraceContext.from_headers(handling.headers_of(msg))
         result = await planner.propose(request)
         if isinstance(result, adapters.Refusal):
-            return  # logged and traced by the proposer; nothing to admit
+            # Nothing to admit; the gateway still gets an answer for its operation id.
+            answer = admission.AdmissionResultV1(
+                tenant_id=request.tenant_id, operation_id=request.operation_id,
+                status="rejected", reason_code=f"plan_{result.code}"[:64],
+                reason=result.reason[:2000] or result.code, decided_at=datetime.now(UTC))
+            await broker.publish(answer.model_dump_json(by_alias=True).encode(),
+                                 topic=admissions_topic, key=str(request.tenant_id).encode())
+            return
         headers = {k: v.decode() for k, v in trace.to_headers().items()} if trace else None
         await broker.publish(
             result.model_dump_json(by_alias=True).encode(), topic=proposals_topic,

@@ -37,5 +37,13 @@ class PlannerSettings(BaseSettings):
     # Overridable so isolated environments (tests, staging tenants) can share one cluster.
     requests_topic: str = topics.REQUESTS
     proposals_topic: str = topics.PROPOSALS
+    # Refusals answer the gateway here, as `rejected` admission results with the reason.
+    admissions_topic: str = topics.ADMISSIONS
+    # The ledger, reached ONLY as role agentledger_planner: it may execute the budget
+    # functions and nothing else. Unset: model calls run unbudgeted (offline use only).
+    database_url: str | None = None
+    db_role: str = "agentledger_planner"
+    # Tokens reserved before each model call: the most one plan may cost (R7.2).
+    tokens_per_call: int = 4_000
     # Same sizing as the other agent topics.
     partitions: int = 6

@@ -9,6 +9,10 @@ SELECT $1, $2, kind, limit_amount, $5
 FROM unnest($3::text[], $4::bigint[]) AS l(kind, limit_amount)
 ON CONFLICT (tenant_id, workflow_id, kind) DO NOTHING;
 
+-- name: open_default --
+-- Open a workflow's budget of one kind from the tenant's operator-set default (planner).
+SELECT agentledger_budget_open_default($1, $2, $3);
+
 -- name: balances --
 -- The workflow's balances, one row per kind.
 SELECT kind, limit_amount, reserved, used, deadline

@@ -106,6 +106,22 @@ async def open(
     return {r["kind"]: _balance(r) for r in rows}
 
 
+async def open_default(
+    conn: ledger.Conn, tenant_id: UUID, workflow_id: str, kind: Kind,
+    *, timeout: float = ledger.DEFAULT_TX_TIMEOUT_S,
+) -> bool:
+    """Open a workflow's budget of ``kind`` from the tenant's default (set by operators).
+
+    For callers that may not choose limits (the planner). Returns whether the budget exists
+    now; False means the tenant has no default for this kind (the caller runs unbudgeted or
+    refuses, by its own configuration).
+    """
+    _check_names(workflow_id, kind)
+    async with ledger.transaction(conn, tenant_id, timeout=timeout) as tx:
+        opened = await tx.fetchval(Q["open_default"], tenant_id, workflow_id, kind)
+    return bool(opened)
+
+
 async def remaining(
     conn: ledger.Conn, tenant_id: UUID, workflow_id: str,
     *, timeout: float = ledger.DEFAULT_TX_TIMEOUT_S,

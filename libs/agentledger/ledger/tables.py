@@ -268,3 +268,15 @@ audit_event = Table(
     _ts("recorded_at", nullable=False, default_now=True),
 )
 
+
+# --- planner token budgets (migration 0008) -----------------------------------------------
+
+budget_default = Table(
+    "budget_default",
+    metadata,
+    Column("tenant_id", UUID(as_uuid=True), primary_key=True),
+    Column("kind", Text, primary_key=True),
+    Column("limit_amount", BigInteger, nullable=False),
+    _ts("updated_at", nullable=False, default_now=True),
+)
+

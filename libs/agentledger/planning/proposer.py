@@ -19,7 +19,7 @@ from opentelemetry import trace
 
 from agentledger import errors, identity
 from agentledger.contracts import proposals, requests
-from agentledger.planning import adapters, retrieval
+from agentledger.planning import adapters, budget, retrieval
 from agentledger.policy import allowlist as allowlist_mod
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,8 @@ class Proposer:
     adapter: adapters.Adapter
     rules: allowlist_mod.Allowlist
     envelope_keys: identity.KeySet
+    # Model tokens reserved before each model call (None: unbudgeted, e.g. offline evals).
+    tokens: budget.TokenBudget | None = None
 
     async def propose(self, request: requests.RequestV1, *, now: datetime | None = None
                       ) -> proposals.ProposalV1 | adapters.Refusal:
@@ -80,7 +82,15 @@ class Proposer:
         snapshot = await self.retriever.snapshot(who.tenant_id, request.resource)
         if not snapshot.found:
             return adapters.Refusal("resource_not_found", "the resource hint was not found")
-        plan = await self.adapter.plan(adapters.Task(request.goal, request.resource, snapshot))
+        task = adapters.Task(request.goal, request.resource, snapshot)
+        if self.tokens is not None and self.adapter.name != "rules":  # rules spend no tokens
+            try:
+                plan = await self.tokens.around(who.tenant_id, str(who.request_id),
+                                                who.operation_id, lambda: self.adapter.plan(task))
+            except errors.BudgetExhausted as exc:
+                return adapters.Refusal("budget_exhausted", exc.message)
+        else:
+            plan = await self.adapter.plan(task)
         if isinstance(plan, adapters.Refusal):
             return plan
         try:
