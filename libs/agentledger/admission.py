@@ -107,8 +107,16 @@ class Admitter:
             "proposal_id": proposal.proposal_id, "tenant_id": proposal.tenant_id,
             "operation_id": proposal.operation_id, "allowlist_version": self.allowlist.version}
         try:
-            checked = await self._check(proposal)
-        except (errors.ValidationFailed, errors.IdentityRejected, errors.ShadowRefused) as exc:
+            workflow_id = self._verify_identity(proposal)
+        except errors.IdentityRejected as exc:
+            # Unverified: nothing is written, not even an audit event under a claimed tenant.
+            return AdmissionResultV1.refused(exc, decided_at=_now(), **base)
+        try:
+            checked = await self._check(proposal, workflow_id)
+        except (errors.ValidationFailed, errors.ShadowRefused) as exc:
+            # The identity is verified: the attempt is audited in its tenant (R1.5, R8.4) —
+            # nothing else is written.
+            await self._audit_rejection(proposal, exc)
             return AdmissionResultV1.refused(exc, decided_at=_now(), **base)
         spec, arguments = checked.spec, checked.arguments
         spans.annotate(connector=spec.connector)
@@ -180,16 +188,36 @@ class Admitter:
             **base, status=result.status, state=result.recorded.state,
             outcome=recorded_outcome(result.recorded, proposal), decided_at=_now())
 
-    async def _check(self, proposal: ProposalV1) -> _Checked:
-        workflow_id = None
-        if self.envelope_keys is not None:
-            if proposal.identity is None:
-                raise errors.IdentityRejected("the proposal carries no identity envelope")
-            found = identity.verify_envelope(proposal.identity, self.envelope_keys)
-            identity.check_bound(found, tenant_id=proposal.tenant_id,
-                                 principal_id=proposal.principal_id,
-                                 operation_id=proposal.operation_id)
-            workflow_id = str(found.request_id)
+    def _verify_identity(self, proposal: ProposalV1) -> str | None:
+        """The envelope must verify and bind tenant, principal and operation (R1.1).
+
+        Returns the request id it names (the workflow of budgets), or None when identity is
+        bound some other way (library use without envelope keys).
+        """
+        if self.envelope_keys is None:
+            return None
+        if proposal.identity is None:
+            raise errors.IdentityRejected("the proposal carries no identity envelope")
+        found = identity.verify_envelope(proposal.identity, self.envelope_keys)
+        identity.check_bound(found, tenant_id=proposal.tenant_id,
+                             principal_id=proposal.principal_id,
+                             operation_id=proposal.operation_id)
+        return str(found.request_id)
+
+    async def _audit_rejection(
+        self, proposal: ProposalV1, error: errors.AgentLedgerError
+    ) -> None:
+        async with self.pool.acquire() as conn, \
+                repository.transaction(conn, proposal.tenant_id) as tx:
+            await repository.append_event(
+                tx, tenant_id=proposal.tenant_id, operation_id=proposal.operation_id,
+                family="audit", type="proposal.rejected",
+                payload={"proposal_id": str(proposal.proposal_id),
+                         "principal_id": proposal.principal_id, "action": proposal.action,
+                         "target": proposal.target, "code": error.code,
+                         "planner": proposal.planner.name, "model": proposal.planner.model})
+
+    async def _check(self, proposal: ProposalV1, workflow_id: str | None) -> _Checked:
         if proposal.shadow:
             raise errors.ShadowRefused("shadow proposals are recorded, never admitted")
         spec = self.allowlist.get(proposal.action)
