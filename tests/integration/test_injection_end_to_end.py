@@ -20,7 +20,7 @@ from agentledger.planning import adapters, proposer, retrieval
 from agentledger.policy import repository as policy_repo
 from agentledger.policy.allowlist import Allowlist
 from agentledger.resources import MappingResolver
-from tests.integration import identities, processes
+from tests.integration import processes
 from tests.unit.test_planner_proposer import request
 
 RULES = Allowlist.load()
