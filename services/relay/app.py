@@ -11,9 +11,9 @@ import signal
 import threading
 from types import FrameType
 
+from agentledger import errors, telemetry
 from agentledger import settings as shared
-from agentledger import telemetry
-from agentledger.relay import errors, stream
+from agentledger.relay import stream
 from agentledger.services.relay import settings
 
 log = logging.getLogger("agentledger.services.relay")

@@ -6,7 +6,8 @@ import struct
 
 import pytest
 
-from agentledger.relay import errors, pgoutput
+from agentledger import errors
+from agentledger.relay import pgoutput
 
 # Captured with pg_logical_slot_peek_binary_changes(..., 'proto_version', '1',
 # 'publication_names', 'agentledger_outbox') after one INSERT INTO event_outbox.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from agentledger.relay import errors
+from agentledger import errors
 
 # pgoutput timestamps count microseconds from 2000-01-01 00:00:00 UTC.
 PG_EPOCH_UNIX_SECONDS = 946_684_800

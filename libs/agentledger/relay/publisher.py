@@ -21,7 +21,8 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from agentledger.relay import errors, metrics, pgoutput, routing
+from agentledger import errors
+from agentledger.relay import metrics, pgoutput, routing
 from agentledger.telemetry import spans
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ import psycopg2  # type: ignore[import-untyped]
 import psycopg2.errors  # type: ignore[import-untyped]
 import psycopg2.extras  # type: ignore[import-untyped]
 
-from agentledger import sql
-from agentledger.relay import errors, routing
+from agentledger import errors, sql
+from agentledger.relay import routing
 
 log = logging.getLogger(__name__)
 _QUERIES = sql.load(Path(__file__).with_name("queries.sql"))

@@ -19,10 +19,9 @@ from typing import Any, cast
 from confluent_kafka.admin import AdminClient
 from opentelemetry.metrics import MeterProvider
 
-from agentledger import faults
+from agentledger import errors, faults
 from agentledger.relay import (
     checkpoint,
-    errors,
     metrics,
     options,
     pgoutput,

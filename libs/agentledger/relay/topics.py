@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from agentledger.relay import errors
+from agentledger import errors
 
 log = logging.getLogger(__name__)
 
