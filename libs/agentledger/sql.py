@@ -2,7 +2,8 @@
 
 A file holds queries under headers ``-- name: admit_command --``; the comment lines that
 follow the header are the query's one-line purpose. Queries are loaded once and always run
-with bound parameters ($1, $2, ...): values are never interpolated into SQL text.
+with bound parameters — ``$1, $2, ...`` for asyncpg, ``%(name)s`` for psycopg2 (the relay's
+replication connection): values are never interpolated into SQL text.
 """
 
 from __future__ import annotations
