@@ -1,0 +1,243 @@
+"""Bring the demo's world up: fresh database and namespace, every service as a real process.
+
+The order matters: the CRM and the fake model first (seeding needs the CRM's admin API),
+then the pipeline, whose configuration carries the seeded tenants' CRM tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import secrets
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentledger import migrations, settings
+from agentledger.contracts import topics
+from agentledger.demo import seed, stack
+from agentledger.kafka import topics as kafka_topics
+
+# Small on purpose: the budget scenario runs five steps of one request against three calls.
+BUDGET_TOOL_CALLS = 3
+# One partition per topic family is plenty for a demo and starts faster on 2 cores; 2 on the
+# exec topics keeps two claims of one connector able to run side by side.
+PARTITIONS = "2"
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a demo run may vary (the test uses its own database, namespace and home)."""
+
+    home: Path = stack.HOME
+    database: str = "agentledger_demo"
+    prefix: str = "demo"
+
+
+@dataclass
+class World:
+    """Everything a scenario needs to reach the running demo; saved as ``home/state.json``."""
+
+    database_url: str
+    crm_database_url: str
+    bootstrap: str
+    namespace: str
+    crm_url: str
+    crm_admin_token: str
+    ingress_url: str
+    console_url: str
+    model_url: str
+    acme: dict[str, Any]
+    globex: dict[str, Any]
+    tokens: dict[str, str]   # principal → session token (tenant Acme)
+    home: str
+    operations: dict[str, Any] = field(default_factory=dict)  # scenario → operation ids
+
+    def topic(self, name: str) -> str:
+        return self.namespace + name
+
+    @property
+    def tenant(self) -> uuid.UUID:
+        return uuid.UUID(self.acme["tenant_id"])
+
+    def crm(self) -> seed.CrmAdmin:
+        return seed.CrmAdmin(self.crm_url, self.crm_admin_token)
+
+    def save(self) -> None:
+        path = Path(self.home) / "state.json"
+        path.touch(mode=0o600)
+        path.write_text(json.dumps(asdict(self), indent=2, default=str))
+
+    @classmethod
+    def load(cls, home: Path = stack.HOME) -> World:
+        return cls(**json.loads((home / "state.json").read_text()))
+
+
+Step = Callable[[str], None]
+
+
+def _tenant_json(t: seed.Tenant) -> dict[str, Any]:
+    return {"tenant_id": str(t.tenant_id), "name": t.name, "customers": t.customers}
+
+
+def prepare(opts: Options, step: Step) -> tuple[str, str, str]:
+    """Stack up, previous demo stopped, fresh databases and namespace.
+
+    Returns:
+        (ledger URL, CRM URL, namespace)
+    """
+    if not re.fullmatch(r"[a-z][a-z0-9]{0,30}", opts.prefix):
+        raise stack.DemoError(f"namespace {opts.prefix!r} is not lower-case letters and digits",
+                              "pass e.g. --namespace demo2")
+    stack.load_env_file()
+    common = settings.load()
+    step("checking Kafka and PostgreSQL")
+    if stack.ensure_stack(common.database_url, common.kafka_bootstrap):
+        common = settings.load()
+    stopped = stack.stop_all(opts.home)
+    if stopped:
+        step(f"stopped the previous demo's {len(stopped)} services")
+    step("deleting the previous demo's topics")
+    stack.delete_topics(common.kafka_bootstrap, f"{opts.prefix}.")
+    step(f"recreating databases {opts.database} and {opts.database}_crm")
+    try:
+        ledger_url = stack.recreate_database(common.database_url, opts.database)
+        crm_url = stack.recreate_database(common.database_url, f"{opts.database}_crm")
+    except Exception as exc:
+        raise stack.DemoError(f"cannot recreate the demo databases: {exc}",
+                              "is another session connected to them? `agentledger down` "
+                              "stops the demo's services") from exc
+    step("migrating the demo ledger")
+    asyncio.run(migrations.migrate(ledger_url, common.migrations_dir))
+    # A namespace per run: records of an earlier run are never read as this run's.
+    return ledger_url, crm_url, f"{opts.prefix}.{secrets.token_hex(3)}."
+
+
+def launch(opts: Options, step: Step) -> World:
+    """Start every service and seed the world; the returned world is saved to state.json."""
+    ledger_url, crm_db, ns = prepare(opts, step)
+    common = settings.load()
+    bootstrap = common.kafka_bootstrap
+    keys = seed.keys(opts.home)
+    run_id = ns.rstrip(".").rsplit(".", 1)[1]
+    tag = f"{opts.prefix}-{run_id}"
+    admin_token = secrets.token_urlsafe(16)
+    ports = {name: stack.free_port(preferred) for name, preferred in (
+        ("crm", 8090), ("ingress", 8080), ("console", 8070), ("model", 8099))}
+    url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    base = {"AGENTLEDGER_DATABASE_URL": ledger_url, "AGENTLEDGER_KAFKA_BOOTSTRAP": bootstrap,
+            "AGENTLEDGER_MASTER_KEY": keys.master_key_b64}
+
+    step("starting the CRM stand-in and the fake model")
+    first = [
+        stack.start(opts.home, "crm", "agentledger.services.crm", {
+            "AGENTLEDGER_CRM_DATABASE_URL": crm_db, "AGENTLEDGER_CRM_PORT": str(ports["crm"]),
+            "AGENTLEDGER_CRM_ADMIN_TOKEN": admin_token,
+            "AGENTLEDGER_CRM_FAULTS_ENABLED": "true"}),
+        stack.start(opts.home, "model", "agentledger.demo.fake_model",
+                    {"AGENTLEDGER_DEMO_MODEL_PORT": str(ports["model"])}),
+    ]
+    stack.wait_ready(first, {"crm": stack.http_ok(f"{url['crm']}/readyz"),
+                             "model": stack.http_ok(f"{url['model']}/healthz")})
+    step("seeding tenants Acme and Globex, CRM tokens and principals")
+    acme, globex = seed.seed(seed.CrmAdmin(url["crm"], admin_token), ledger_url)
+    read_tokens = json.dumps({str(t.tenant_id): t.tokens["read"] for t in (acme, globex)})
+    # Outcome and audit topics exist before anyone waits on them (the relay creates them
+    # lazily, and a reader that starts first would not see them).
+    kafka_topics.ensure(bootstrap, {ns + topics.OUTCOMES: 1, ns + topics.AUDIT: 1,
+                                    ns + topics.ADMISSIONS: 1})
+    envelope_keys = json.dumps({seed.ENVELOPE_KID: keys.envelope_public})
+    session_keys = json.dumps({seed.SESSION_KID: keys.session_public})
+    slot = re.sub(r"[^a-z0-9_]", "_", tag.lower())[:63]
+    group = {n: f"{tag}-{n}"
+             for n in ("admission", "executor-crm", "executor-billing", "planner", "ingress")}
+    env: dict[str, dict[str, str]] = {
+        "relay": {"AGENTLEDGER_RELAY_SLOT": slot, "AGENTLEDGER_RELAY_TOPIC_NAMESPACE": ns,
+                  "AGENTLEDGER_RELAY_EXEC_PARTITIONS": PARTITIONS,
+                  "AGENTLEDGER_RELAY_AUDIT_PARTITIONS": "1",
+                  "AGENTLEDGER_RELAY_OUTCOME_PARTITIONS": "1"},
+        "admission": {
+            "AGENTLEDGER_ADMISSION_CRM_URL": url["crm"],
+            "AGENTLEDGER_ADMISSION_CRM_READ_TOKENS": read_tokens,
+            "AGENTLEDGER_ADMISSION_GROUP_ID": group["admission"],
+            "AGENTLEDGER_ADMISSION_PROPOSALS_TOPIC": ns + topics.PROPOSALS,
+            "AGENTLEDGER_ADMISSION_ADMISSIONS_TOPIC": ns + topics.ADMISSIONS,
+            "AGENTLEDGER_ADMISSION_PARTITIONS": PARTITIONS,
+            "AGENTLEDGER_ADMISSION_BUDGET_TOOL_CALLS": str(BUDGET_TOOL_CALLS),
+            "AGENTLEDGER_ADMISSION_ENVELOPE_KEYS": envelope_keys},
+        "reconciler": {
+            "AGENTLEDGER_RECONCILER_CRM_URL": url["crm"],
+            "AGENTLEDGER_RECONCILER_PERIOD_S": "1",
+            "AGENTLEDGER_RECONCILER_LOOKUP_TOKENS": json.dumps(
+                {"crm": {str(t.tenant_id): t.tokens["lookup"] for t in (acme, globex)}})},
+        "planner": {
+            "AGENTLEDGER_PLANNER_ENVELOPE_KEYS": envelope_keys,
+            "AGENTLEDGER_PLANNER_CRM_URL": url["crm"],
+            "AGENTLEDGER_PLANNER_CRM_READ_TOKENS": read_tokens,
+            "AGENTLEDGER_PLANNER_ADAPTER": "openai",
+            "AGENTLEDGER_PLANNER_OPENAI_BASE_URL": f"{url['model']}/v1",
+            "AGENTLEDGER_PLANNER_OPENAI_MODEL": "gullible-demo-model",
+            "AGENTLEDGER_PLANNER_MODEL_TIMEOUT_S": "10",
+            "AGENTLEDGER_PLANNER_GROUP_ID": group["planner"],
+            "AGENTLEDGER_PLANNER_REQUESTS_TOPIC": ns + topics.REQUESTS,
+            "AGENTLEDGER_PLANNER_PROPOSALS_TOPIC": ns + topics.PROPOSALS,
+            "AGENTLEDGER_PLANNER_ADMISSIONS_TOPIC": ns + topics.ADMISSIONS,
+            "AGENTLEDGER_PLANNER_PARTITIONS": PARTITIONS},
+        "ingress": {
+            "AGENTLEDGER_INGRESS_PORT": str(ports["ingress"]),
+            "AGENTLEDGER_INGRESS_SESSION_KEYS": session_keys,
+            "AGENTLEDGER_INGRESS_SESSION_ISSUER": seed.SESSION_ISSUER,
+            "AGENTLEDGER_INGRESS_SESSION_AUDIENCE": seed.SESSION_AUDIENCE,
+            "AGENTLEDGER_INGRESS_ENVELOPE_KEY": keys.envelope_private,
+            "AGENTLEDGER_INGRESS_ENVELOPE_KID": seed.ENVELOPE_KID,
+            "AGENTLEDGER_INGRESS_REQUESTS_TOPIC": ns + topics.REQUESTS,
+            "AGENTLEDGER_INGRESS_PROPOSALS_TOPIC": ns + topics.PROPOSALS,
+            "AGENTLEDGER_INGRESS_GATEWAY_PROPOSALS_TOPIC": ns + topics.GATEWAY_PROPOSALS,
+            "AGENTLEDGER_INGRESS_GROUP_ID": group["ingress"],
+            "AGENTLEDGER_INGRESS_PARTITIONS": PARTITIONS},
+        "console": {
+            "AGENTLEDGER_CONSOLE_PORT": str(ports["console"]),
+            "AGENTLEDGER_CONSOLE_SESSION_KEYS": session_keys,
+            "AGENTLEDGER_CONSOLE_SESSION_ISSUER": seed.SESSION_ISSUER,
+            "AGENTLEDGER_CONSOLE_SESSION_AUDIENCE": seed.SESSION_AUDIENCE,
+            "AGENTLEDGER_CONSOLE_CRM_URL": url["crm"],
+            "AGENTLEDGER_CONSOLE_CRM_READ_TOKENS": read_tokens,
+            # Plain HTTP on localhost: a Secure cookie would never come back.
+            "AGENTLEDGER_CONSOLE_COOKIE_SECURE": "false"},
+    }
+    for connector in ("crm", "billing"):
+        env[f"executor-{connector}"] = {
+            "AGENTLEDGER_EXECUTOR_CONNECTOR": connector,
+            "AGENTLEDGER_EXECUTOR_EXEC_TOPIC": ns + topics.exec_topic(connector),
+            "AGENTLEDGER_EXECUTOR_GROUP_ID": group[f"executor-{connector}"],
+            "AGENTLEDGER_EXECUTOR_CRM_URL": url["crm"],
+            "AGENTLEDGER_EXECUTOR_PARTITIONS": PARTITIONS,
+            "AGENTLEDGER_EXECUTOR_WRITE_TOKENS": json.dumps(
+                {connector: {str(t.tenant_id): t.tokens["write"] for t in (acme, globex)}})}
+    probes = {
+        "relay": stack.slot_active(ledger_url, slot),
+        "admission": stack.group_has_members(bootstrap, group["admission"]),
+        "executor-crm": stack.group_has_members(bootstrap, group["executor-crm"]),
+        "executor-billing": stack.group_has_members(bootstrap, group["executor-billing"]),
+        "reconciler": stack.log_contains(opts.home / "logs" / "reconciler.log",
+                                         "event=reconciler_started"),
+        "planner": stack.group_has_members(bootstrap, group["planner"]),
+        "ingress": stack.http_ok(f"{url['ingress']}/readyz"),
+        "console": stack.http_ok(f"{url['console']}/readyz"),
+    }
+    step(f"starting {len(env)} services: " + ", ".join(env))
+    module = {"executor-crm": "executor", "executor-billing": "executor"}
+    started = [stack.start(opts.home, name, f"agentledger.services.{module.get(name, name)}",
+                           {**base, **own}) for name, own in env.items()]
+    stack.wait_ready(started, probes, on_ready=lambda name: step(f"{name} is ready"))
+    tokens = {p: keys.session(acme.tenant_id, p, roles) for p, roles in seed.PRINCIPALS.items()}
+    world = World(
+        database_url=ledger_url, crm_database_url=crm_db, bootstrap=bootstrap, namespace=ns,
+        crm_url=url["crm"], crm_admin_token=admin_token, ingress_url=url["ingress"],
+        console_url=url["console"], model_url=url["model"], acme=_tenant_json(acme),
+        globex=_tenant_json(globex), tokens=tokens, home=str(opts.home))
+    world.save()
+    return world
