@@ -15,8 +15,9 @@ bootstrap: ## Install system packages (Java, Maven, PostgreSQL) and the Python e
 up: bootstrap ## Start Kafka (KRaft) and PostgreSQL as local processes; writes .local/env
 	@bash deploy/local/stack.sh up
 
-down: ## Stop the local Kafka and PostgreSQL
-	@bash deploy/local/stack.sh down
+down: ## Stop the demo's services, then the local Kafka and PostgreSQL
+	@if [ -x .venv/bin/agentledger ]; then .venv/bin/agentledger down; \
+	  else bash deploy/local/stack.sh down; fi
 
 status: ## Show whether Kafka and PostgreSQL answer
 	@bash deploy/local/stack.sh status
@@ -24,13 +25,8 @@ status: ## Show whether Kafka and PostgreSQL answer
 migrate: up ## Apply database migrations to the running stack
 	@. $(ENV_FILE) && .venv/bin/agentledger migrate
 
-demo: migrate ## Set up and run the system, then say what is running
-	@. $(ENV_FILE) && bash deploy/local/stack.sh status && echo && \
-	  echo "agentledger stack is up:" && \
-	  echo "  PostgreSQL  $$AGENTLEDGER_DATABASE_URL" && \
-	  echo "  Kafka       $$AGENTLEDGER_KAFKA_BOOTSTRAP" && \
-	  echo "Use it from a shell:  . .local/env" && \
-	  echo "Stop it:              make down"
+demo: bootstrap up ## Start every service as real processes and play the narrated scenarios
+	@. $(ENV_FILE) && .venv/bin/agentledger demo
 
 test: bootstrap ## Run the test suite against real Kafka and PostgreSQL (started if needed)
 	@$(PY) -m pytest

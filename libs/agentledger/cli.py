@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import uuid
+from pathlib import Path
 from typing import Annotated
 
 import asyncpg
@@ -46,14 +47,44 @@ def up() -> None:
 
 @app.command()
 def down() -> None:
-    """Stop the local Kafka and PostgreSQL."""
+    """Stop the demo's services (if any), then the local Kafka and PostgreSQL."""
+    from agentledger.demo import stack as demo_stack
+
+    stopped = demo_stack.stop_all()
+    if stopped:
+        console.print(f"stopped the demo's services: {', '.join(stopped)}")
     _stack("down")
 
 
 @app.command()
 def status() -> None:
-    """Show whether the local Kafka and PostgreSQL answer."""
+    """Show the demo's services, and whether the local Kafka and PostgreSQL answer."""
+    from agentledger.demo import stack as demo_stack
+
+    for name, pid, alive in demo_stack.running():
+        console.print(f"demo {name:<17} pid {pid:<8} {'running' if alive else '[red]gone[/red]'}")
     _stack("status")
+
+
+@app.command()
+def demo(
+    browser_hints: Annotated[bool, typer.Option(
+        "--browser-hints/--no-browser-hints",
+        help="Leave a refund pending and print the console sign-in")] = True,
+    database: Annotated[str, typer.Option(
+        envvar="AGENTLEDGER_DEMO_DATABASE", help="Demo ledger database (recreated)")
+    ] = "agentledger_demo",
+    namespace: Annotated[str, typer.Option(
+        envvar="AGENTLEDGER_DEMO_NAMESPACE", help="Topic prefix of the demo")] = "demo",
+    home: Annotated[Path, typer.Option(
+        envvar="AGENTLEDGER_DEMO_HOME", help="Logs, pid files, keys and state")
+    ] = settings.REPO_ROOT / ".local" / "demo",
+) -> None:
+    """Start every service as a real process and play five narrated scenarios."""
+    from agentledger.demo import launch, run
+
+    run.main(launch.Options(home=home, database=database, prefix=namespace),
+             browser_hints=browser_hints, console=console)
 
 
 app.add_typer(cli_approvals.app, name="approvals")
