@@ -1,0 +1,154 @@
+"""``agentledger demo`` as a new user runs it: its narration must match the records.
+
+The demo runs as a subprocess against the test stack, with its own database, topic
+namespace and home (so a demo a person left running is untouched); every assertion reads
+the ledger or the CRM's effect log, never only what the demo printed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg2
+import pytest
+
+from agentledger.demo import launch
+from agentledger.demo import stack as demo_stack
+from tests.stack import Stack
+
+# Start-up is ~10 s and the scenarios ~10 s here; a loaded 2-core CI box may take several times that.
+DEMO_TIMEOUT_S = 240
+
+
+@pytest.fixture(scope="module")
+def demo(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[launch.World, str]]:
+    home = tmp_path_factory.mktemp("demo")
+    tag = uuid.uuid4().hex[:8]
+    database, namespace = f"al_demo_{tag}", f"demotest{tag}"
+    env = {**os.environ, "AGENTLEDGER_DATABASE_URL": stack.database_url,
+           "AGENTLEDGER_KAFKA_BOOTSTRAP": stack.kafka_bootstrap, "COLUMNS": "200"}
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "agentledger.cli", "demo", "--no-browser-hints",
+             "--database", database, "--namespace", namespace, "--home", str(home)],
+            env=env, capture_output=True, text=True, timeout=DEMO_TIMEOUT_S, check=False)
+        logs = "\n".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-10:])
+                         for p in sorted((home / "logs").glob("*.log")))
+        assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n{logs}"
+        yield launch.World.load(home), run.stdout
+    finally:
+        demo_stack.stop_all(home)
+        _drop(stack.database_url, database)
+        _drop(stack.database_url, f"{database}_crm")
+        demo_stack.delete_topics(stack.kafka_bootstrap, f"{namespace}.")
+
+
+def _drop(owner_url: str, name: str) -> None:
+    conn = psycopg2.connect(owner_url)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+                        " WHERE database = %s AND NOT active", (name,))
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        conn.close()
+
+
+def rows(world: launch.World, query: str, *args: Any) -> list[tuple[Any, ...]]:
+    conn = psycopg2.connect(world.database_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(query, args)
+            return list(cur.fetchall())
+    finally:
+        conn.close()
+
+
+def effects(world: launch.World, tenant: dict[str, Any], kind: str | None = None) -> list[dict[str, Any]]:
+    r = httpx.get(f"{world.crm_url}/admin/effects", params={"tenant": tenant["tenant_id"]},
+                  headers={"Authorization": f"Bearer {world.crm_admin_token}"}, timeout=10)
+    r.raise_for_status()
+    return [e for e in r.json()["effects"] if kind is None or e["kind"] == kind]
+
+
+def command(world: launch.World, op: str) -> tuple[str, str | None]:
+    found = rows(world, "SELECT state, provider_receipt FROM agent_command WHERE operation_id = %s", op)
+    assert found, f"no command {op}"
+    return found[0][0], found[0][1]
+
+
+def attempts(world: launch.World, op: str) -> list[tuple[str, str]]:
+    return [(k, r) for k, r in rows(world, "SELECT kind, result FROM command_attempt"
+                                    " WHERE operation_id = %s ORDER BY started_at", op)]
+
+
+def test_note_with_a_lost_answer_is_one_effect_and_succeeded(demo: tuple[launch.World, str]) -> None:
+    world, out = demo
+    op = world.operations["note"]
+    state, receipt = command(world, op)
+    assert state == "succeeded" and receipt and receipt.startswith("crm:note:")
+    assert attempts(world, op) == [("dispatch", "unknown"), ("resend", "succeeded")]
+    notes = [e for e in effects(world, world.acme, "note.created") if e["idempotency_key"] == op]
+    assert len(notes) == 1
+    assert f"1 note.created under idempotency key {op}" in out
+
+
+def test_refund_approved_through_the_console_succeeded(demo: tuple[launch.World, str]) -> None:
+    world, out = demo
+    op = world.operations["approved_refund"]
+    state, receipt = command(world, op)
+    assert state == "succeeded" and receipt and receipt.startswith("crm:refund:")
+    assert rows(world, "SELECT state, decided_by FROM approval_request WHERE operation_id = %s",
+                op) == [("approved", "user:bob")]
+    assert "user:bob approves: approved" in out
+
+
+def test_lost_refund_went_unknown_then_was_resolved_by_an_operator(demo: tuple[launch.World, str]) -> None:
+    world, out = demo
+    op = world.operations["lost_refund"]
+    assert attempts(world, op) == [("dispatch", "unknown")]  # never resent: contract none
+    state, receipt = command(world, op)
+    assert state == "succeeded" and receipt and receipt.startswith("crm:effect:")
+    (who, why, evidence), = rows(world, "SELECT resolved_by, reason, evidence FROM command_resolution"
+                                 " WHERE operation_id = %s", op)
+    assert who == "user:oscar" and why and evidence and "effect log" in evidence
+    types = [t for (t,) in rows(world, "SELECT type FROM audit_event WHERE operation_id = %s ORDER BY seq", op)]
+    assert "command.reconciled" in types
+    # Two refunds happened in the CRM (the approved one and the lost one), no more.
+    assert len(effects(world, world.acme, "refund.created")) == 2
+    assert "ledger: unknown" in out and "resolved by user:oscar" in out
+
+
+def test_injection_attempts_were_refused_with_zero_effects(demo: tuple[launch.World, str]) -> None:
+    world, out = demo
+    ops = [world.operations[k] for k in ("injection_export", "injection_cross_tenant", "injection_gateway")]
+    for table in ("agent_command", "approval_request", "policy_decision"):
+        assert rows(world, f"SELECT count(*) FROM {table} WHERE operation_id = ANY(%s::uuid[])",
+                    ops) == [(0,)], table
+    assert effects(world, world.globex) == []
+    assert len(effects(world, world.acme, "refund.created")) == 2  # no 9,000 EUR refund anywhere
+    planner_log = (Path(world.home) / "logs" / "planner.log").read_text(errors="replace")
+    assert "attempted_action=crm_customers_export_all" in planner_log
+    assert "rejected resource_not_found" in out and "rejected unknown_action" in out
+
+
+def test_budget_refusals_are_recorded_and_nothing_more_is_admitted(demo: tuple[launch.World, str]) -> None:
+    world, out = demo
+    budget = world.operations["budget"]
+    ops = budget["operations"]
+    assert rows(world, "SELECT limit_amount, reserved, used FROM budget WHERE workflow_id = %s"
+                " AND kind = 'tool_calls'", budget["request_id"]) == [(launch.BUDGET_TOOL_CALLS, 0, 3)]
+    admitted = rows(world, "SELECT operation_id::text FROM agent_command WHERE operation_id = ANY(%s::uuid[])", ops)
+    refused = rows(world, "SELECT operation_id::text FROM audit_event WHERE type = 'budget.exhausted'"
+                   " AND operation_id = ANY(%s::uuid[])", ops)
+    assert len(admitted) == 3 and len(refused) == 2
+    assert sorted(o for (o,) in admitted) == sorted(budget["admitted"])
+    assert "admitted 3 steps, refused 2 with budget_exhausted" in out
