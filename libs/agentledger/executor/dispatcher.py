@@ -25,6 +25,7 @@ from opentelemetry.trace import Link, Span, SpanKind
 
 from agentledger import errors, faults
 from agentledger.connectors import base
+from agentledger.evals import shadow_marker
 from agentledger.ledger import dispatch, keys, repository
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import decision as decision_mod
@@ -177,6 +178,11 @@ class Dispatcher:
         self, conn: repository.Conn, row: asyncpg.Record
     ) -> tuple[dispatch.FinalState, str] | None:
         """R2.6: the decision must still be valid and the CURRENT policy must still permit."""
+        # R9.2: a shadow run never writes. Admission refuses shadow proposals; this second,
+        # independent check denies a shadow command that reached the ledger anyway, before
+        # any connector call. (One PK read; folding `shadow` into load_command saves it.)
+        if await shadow_marker.is_shadow(conn, row["tenant_id"], row["operation_id"]):
+            return "denied", "shadow command: shadow runs are recorded, never dispatched"
         if row["expires_at"] <= datetime.now(UTC):
             return "expired", "the approval expired before dispatch"
         if row["payload_ciphertext"] is None:

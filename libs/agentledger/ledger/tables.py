@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     ForeignKey,
@@ -280,3 +281,10 @@ budget_default = Table(
     _ts("updated_at", nullable=False, default_now=True),
 )
 
+
+# --- shadow marker (migration 0009) -------------------------------------------------------
+
+# A command of a shadow run (R9.2) is never dispatched: the executor refuses one marked here.
+# Appended to agent_command where the migration adds it, so each block matches one migration.
+agent_command.append_column(
+    Column("shadow", Boolean, nullable=False, server_default=text("false")))
