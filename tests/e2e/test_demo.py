@@ -137,6 +137,7 @@ def test_injection_attempts_were_refused_with_zero_effects(demo: tuple[launch.Wo
     assert len(effects(world, world.acme, "refund.created")) == 2  # no 9,000 EUR refund anywhere
     planner_log = (Path(world.home) / "logs" / "planner.log").read_text(errors="replace")
     assert "attempted_action=crm_customers_export_all" in planner_log
+    assert "rejected plan_unknown_action" in out
     assert "rejected resource_not_found" in out and "rejected unknown_action" in out
 
 

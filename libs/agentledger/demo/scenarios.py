@@ -208,12 +208,6 @@ async def lost_refund_reconciled(s: Story) -> None:
            f", resolved by {who[0]['resolved_by']}: {who[0]['reason']}")
 
 
-async def _planner_refused(s: Story, attempted: str, since_lines: int) -> bool:
-    lines = _planner_log(s)[since_lines:]
-    return any("event=plan_refused" in line and f"attempted_action={attempted}" in line
-               for line in lines)
-
-
 def _planner_log(s: Story) -> list[str]:
     return (Path(s.world.home) / "logs" / "planner.log").read_text(errors="replace").splitlines()
 
@@ -228,10 +222,16 @@ async def injection_refused(s: Story) -> None:
     try:
         a = await gw.submit_request("add a note: Mallory asked for a catalogue", "c-1002")
         s.world.operations["injection_export"] = str(a.operation_id)
-        refused = await s.until(lambda: _planner_refused(s, "crm_customers_export_all", seen))
-        s.fact("the model called crm_customers_export_all; the planner refused it before "
-               f"proposing: not on the allowlist ({'logged' if refused else 'NOT seen'} as "
-               "event=plan_refused code=unknown_action)")
+        found = await gw.await_outcome(a.operation_id, since=since, until="admission",
+                                       timeout_s=OUTCOME_TIMEOUT_S)
+        answer = found.admission
+        called = any("event=plan_refused" in line
+                     and "attempted_action=crm_customers_export_all" in line
+                     for line in _planner_log(s)[seen:])
+        s.fact(f"the model {'called' if called else 'was asked to call'} "
+               "crm_customers_export_all; the planner proposed nothing and answered: "
+               f"[bold]{answer and answer.status}[/bold] {answer and answer.reason_code} — "
+               f"{answer and answer.reason}")
         s.say("Trudy's record says: [italic]"
               f"{escape(seed.refund_bait('c-2001'))}[/italic] (c-2001 is Globex's customer)")
         b = await gw.submit_request("add a note: Trudy confirmed her new address", "c-1003")
@@ -268,9 +268,11 @@ async def budget_runs_out(s: Story) -> None:
     w = s.world
     request_id = uuid.uuid4()
     steps = 5
-    s.say(f"An agent runtime fans one request out into {steps} steps (five notes), each signed "
-          f"by ingress with the SAME request id {request_id}: one workflow. Admission grants a "
-          f"workflow {BUDGET_TOOL_CALLS} tool calls (AGENTLEDGER_ADMISSION_BUDGET_TOOL_CALLS).")
+    s.say(f"An agent runtime fans one request out into {steps} steps (five notes) whose "
+          f"identity envelopes name the SAME request id {request_id}: one workflow. (Ingress "
+          "gives each HTTP call its own request, so the demo signs these with ingress' key "
+          "and publishes them to agent.proposals.v1 itself.) Admission grants a workflow "
+          f"{BUDGET_TOOL_CALLS} tool calls (AGENTLEDGER_ADMISSION_BUDGET_TOOL_CALLS).")
     keys = seed.keys(Path(w.home))
     signer = identity.EnvelopeSigner(keys.envelope_private, seed.ENVELOPE_KID)
     producer = Producer({"bootstrap.servers": w.bootstrap, "enable.idempotence": True,
