@@ -188,6 +188,16 @@ class Admitter:
             **base, status=result.status, state=result.recorded.state,
             outcome=recorded_outcome(result.recorded, proposal), decided_at=_now())
 
+    async def check(self, proposal: ProposalV1) -> tuple[allowlist_mod.ActionSpec, dict[str, Any]]:
+        """Every check before the policy, writing nothing (for evaluation runs, R9.2).
+
+        Raises:
+            IdentityRejected, ValidationFailed (incl. UnknownAction, InvalidArguments,
+            ResourceNotFound, StaleRevision), ShadowRefused.
+        """
+        checked = await self._check(proposal, self._verify_identity(proposal))
+        return checked.spec, checked.arguments
+
     def _verify_identity(self, proposal: ProposalV1) -> str | None:
         """The envelope must verify and bind tenant, principal and operation (R1.1).
 

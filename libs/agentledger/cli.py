@@ -12,7 +12,7 @@ import asyncpg
 import typer
 from rich.console import Console
 
-from agentledger import cli_approvals, errors, migrations, settings
+from agentledger import cli_approvals, cli_eval, errors, migrations, settings
 from agentledger.audit import explain as audit_explain
 from agentledger.ledger import dispatch
 
@@ -88,6 +88,7 @@ def demo(
 
 
 app.add_typer(cli_approvals.app, name="approvals")
+app.command("eval")(cli_eval.eval_command)
 
 reconcile_app = typer.Typer(no_args_is_help=True, help="Resolve commands whose outcome is unknown.")
 app.add_typer(reconcile_app, name="reconcile")

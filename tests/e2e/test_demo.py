@@ -138,7 +138,7 @@ def test_injection_attempts_were_refused_with_zero_effects(demo: tuple[launch.Wo
     planner_log = (Path(world.home) / "logs" / "planner.log").read_text(errors="replace")
     assert "attempted_action=crm_customers_export_all" in planner_log
     assert "rejected plan_unknown_action" in out
-    assert "rejected resource_not_found" in out and "rejected unknown_action" in out
+    assert "rejected plan_target_not_requested" in out and "rejected unknown_action" in out
 
 
 def test_budget_refusals_are_recorded_and_nothing_more_is_admitted(demo: tuple[launch.World, str]) -> None:

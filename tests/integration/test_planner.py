@@ -150,7 +150,7 @@ def test_injected_instructions_never_change_who_acts_and_stay_inside_the_allowli
     world.send(*sent.values())
     # The plain request is planned normally; requests on one tenant share a partition and are
     # planned in order, so once the last one's proposal is out, every earlier one was handled.
-    reached = world.proposals_for({str(sent[c].operation_id) for c in ("cust-refund", "cust-other", "cust-imperson",
+    reached = world.proposals_for({str(sent[c].operation_id) for c in ("cust-refund", "cust-imperson",
                                                                         "cust-plain")})
     for customer, request in sent.items():
         proposal = reached.get(str(request.operation_id))
@@ -166,8 +166,6 @@ def test_injected_instructions_never_change_who_acts_and_stay_inside_the_allowli
     assert (refund["action"], refund["arguments"]["amount_minor"], refund["arguments"]["currency"]) == (
         "billing.refund.create", 1_000_000, "EUR")
     assert INJECTED["cust-refund"] in refund["evidence"][0]["excerpt"]  # the console can show why
-    other = reached[str(sent["cust-other"].operation_id)]
-    assert (other["target"], other["arguments"]["customer_id"], other["tenant_id"]) == ("cust-b", "cust-b", world.tenant_a)
     impersonated = reached[str(sent["cust-imperson"].operation_id)]
     assert FOREIGN_OPERATION not in json.dumps({k: v for k, v in impersonated.items() if k != "evidence"})
     assert reached[str(sent["cust-plain"].operation_id)]["arguments"] == {
@@ -178,12 +176,15 @@ def test_injected_instructions_never_change_who_acts_and_stay_inside_the_allowli
     operations = {p["operation_id"] for p in all_proposals}
     assert str(sent["cust-export"].operation_id) not in operations
     assert str(sent["cust-tenant"].operation_id) not in operations
+    # ...nor an action moved to another record than the one requested (cust-b, another tenant's).
+    assert str(sent["cust-other"].operation_id) not in operations
     assert not [p for p in all_proposals if p["action"] not in ("crm.note.create", "crm.contact.update",
                                                                 "billing.refund.create")]
     assert not [p for p in all_proposals if OTHER_TENANT in json.dumps(p["arguments"]) or p["tenant_id"] != world.tenant_a]
     log = world.planner.log.read_text()
     assert "event=plan_refused code=unknown_action attempted_action=crm_customers_export_all" in log
     assert "event=plan_refused code=invalid_arguments attempted_action=crm.note.create" in log
+    assert "event=plan_refused code=target_not_requested attempted_action=crm.note.create" in log
 
 
 def test_requests_whose_identity_differs_from_the_envelope_are_dead_lettered(world: World) -> None:

@@ -84,15 +84,20 @@ async def test_note_carries_no_revision_precondition() -> None:
 
 
 async def test_model_output_cannot_change_tenant_principal_or_operation() -> None:
-    # The plan names another tenant's customer: the target changes (admission resolves it
-    # inside the envelope's tenant and refuses), the identity fields cannot.
-    plan = adapters.Plan("crm.note.create", {"customer_id": "cust-b", "body": "x"}, "cust-b")
+    plan = adapters.Plan("crm.note.create", {"customer_id": "cust-a", "body": "x"}, "cust-a")
     req = request()
     proposal = await make(plan).propose(req)
     assert not isinstance(proposal, adapters.Refusal)
     assert (proposal.tenant_id, proposal.principal_id, proposal.operation_id) == (
         TENANT, "user:alice", req.operation_id)
-    assert proposal.target == "cust-b" and proposal.expected_revision is None
+    assert proposal.target == "cust-a" and proposal.expected_revision is None
+
+
+async def test_a_plan_aimed_at_another_record_than_requested_is_refused() -> None:
+    # Evidence (or a model obeying it) must not move the action to another record (R1.5).
+    plan = adapters.Plan("crm.note.create", {"customer_id": "cust-b", "body": "x"}, "cust-b")
+    refused = await make(plan).propose(request())
+    assert isinstance(refused, adapters.Refusal) and refused.code == "target_not_requested"
 
 
 @pytest.mark.parametrize(("plan", "code"), [

@@ -239,9 +239,10 @@ async def injection_refused(s: Story) -> None:
         found = await gw.await_outcome(b.operation_id, since=since, until="admission",
                                        timeout_s=OUTCOME_TIMEOUT_S)
         answer = found.admission
-        s.fact(f"the model proposed a 9,000 EUR refund to c-2001; admission: [bold]"
+        s.fact(f"the model proposed a 9,000 EUR refund to c-2001 (asked about c-1003): [bold]"
                f"{answer and answer.status}[/bold] {answer and answer.reason_code} — "
-               f"{answer and answer.reason} (another tenant's record is just missing)")
+               f"{answer and answer.reason} (and in admission another tenant's record is just "
+               "missing)")
         s.say("A gateway that skips the planner fares no better: it proposes "
               "crm.customers.export_all directly")
         c = await gw.submit_proposal("crm.customers.export_all", {"customer_id": "c-1001"},

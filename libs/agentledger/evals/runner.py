@@ -261,28 +261,27 @@ async def _run_case(case: dataset.Case, adapter: adapters.Adapter, ctx: _Context
     # Admission's own checks, in admission's order: identity binding, then shadow refusal,
     # allowlist, closed schema, target inside the tenant, revision. Only these two methods
     # run; they read neither the pool nor the cipher, so nothing here reaches a database.
-    # (Private today: the lead is asked for a public ``Admitter.check``.)
     checks = admission.Admitter(
         pool=cast(asyncpg.Pool, None), allowlist=ctx.rules, resolver=resolver,
         authorizer=cast(Any, None), cipher=cast(Any, None), envelope_keys=ctx.keys)
     try:
-        checked = await checks._check(proposed, checks._verify_identity(proposed))
+        spec, arguments = await checks.check(proposed)
     except (errors.ValidationFailed, errors.IdentityRejected, errors.ShadowRefused) as exc:
         return result("refuse", "validation", exc.code, proposed)
     decision = await ctx.policy.authorize(
         people, tenant_id=proposed.tenant_id, principal_id=proposed.principal_id,
-        action=checked.spec, resource_id=proposed.target, arguments=checked.arguments)
+        action=spec, resource_id=proposed.target, arguments=arguments)
     if decision.effect == "deny":
-        return result("refuse", "policy", "deny", proposed, checked.arguments)
+        return result("refuse", "policy", "deny", proposed, arguments)
     if decision.effect == "require_approval":
-        return result("escalate", "policy", "require_approval", proposed, checked.arguments)
-    stub = ctx.connectors[checked.spec.connector]
+        return result("escalate", "policy", "require_approval", proposed, arguments)
+    stub = ctx.connectors[spec.connector]
     before = len(stub.calls)
-    await stub.execute(base.Call(proposed.tenant_id, proposed.operation_id, checked.spec.name,
-                                 proposed.target, checked.arguments, proposed.expected_revision),
+    await stub.execute(base.Call(proposed.tenant_id, proposed.operation_id, spec.name,
+                                 proposed.target, arguments, proposed.expected_revision),
                        token="eval-stub")  # noqa: S106 - a stub's placeholder, not a secret
     run.calls.extend(stub.calls[before:])
-    return result("allow", "dispatch", "allow", proposed, checked.arguments,
+    return result("allow", "dispatch", "allow", proposed, arguments,
                   len(stub.calls) - before)
 
 

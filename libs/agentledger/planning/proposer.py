@@ -93,6 +93,12 @@ class Proposer:
             plan = await self.adapter.plan(task)
         if isinstance(plan, adapters.Refusal):
             return plan
+        if plan.target != request.resource:
+            # The gateway asked about one record; evidence (or a model obeying it) must not
+            # move the action to another (R1.5, found by the eval's injection cases).
+            return adapters.Refusal("target_not_requested",
+                                    "the plan targets another record than the request's",
+                                    attempted_action=plan.action[:64], usage=plan.usage)
         try:
             spec = self.rules.get(plan.action)
             spec.validate(plan.arguments)
