@@ -11,6 +11,7 @@ from faststream.confluent.opentelemetry import KafkaTelemetryMiddleware
 
 from agentledger import errors, identity
 from agentledger.contracts import topics
+from agentledger.evals import shadow
 from agentledger.kafka import topics as kafka_topics
 from agentledger.planning import adapters, budget, proposer, retrieval
 from agentledger.policy import allowlist
@@ -44,6 +45,7 @@ def create_app(settings: PlannerSettings | None = None) -> FastStream:
     planner = proposer.Proposer(retriever=retriever, adapter=adapter, rules=rules,
                                 envelope_keys=identity.KeySet.from_pem(cfg.envelope_keys))
     pools: list[asyncpg.Pool] = []
+    shadows: list[shadow.ShadowPlanner] = []
 
     async def as_planner(conn: asyncpg.Connection) -> None:
         await conn.execute(f'SET ROLE "{cfg.db_role}"')
@@ -62,12 +64,26 @@ def create_app(settings: PlannerSettings | None = None) -> FastStream:
                 planner, tokens=budget.TokenBudget(pool, per_call=cfg.tokens_per_call))
         else:
             budgeted = planner
-        handlers.register(broker, budgeted, group_id=cfg.group_id,
+        serving: handlers.Planner = budgeted
+        shadow_cfg = shadow.ShadowSettings()
+        if shadow_cfg.adapter is not None:
+            # A candidate beside production (R9.2): same request and evidence, its proposal
+            # marked shadow and only recorded on agent.shadow.v1, never admitted.
+            kafka_topics.ensure(cfg.kafka_bootstrap, {shadow_cfg.topic: cfg.partitions})
+            shadowing = shadow.ShadowPlanner(
+                primary=budgeted, candidate=shadow.build_candidate(shadow_cfg, rules),
+                record=shadow.kafka_recorder(broker.publish, shadow_cfg.topic),
+                max_in_flight=shadow_cfg.max_in_flight, timeout_s=shadow_cfg.timeout_s)
+            shadows.append(shadowing)
+            serving = shadowing
+        handlers.register(broker, serving, group_id=cfg.group_id,
                           requests_topic=cfg.requests_topic, proposals_topic=cfg.proposals_topic,
                           admissions_topic=cfg.admissions_topic)
 
     @app.after_shutdown
     async def stop() -> None:
+        for shadowing in shadows:
+            await shadowing.drain()
         await retriever.aclose()
         for pool in pools:
             await pool.close()

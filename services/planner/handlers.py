@@ -3,18 +3,26 @@
 # No `from __future__ import annotations`: FastStream reads handler annotations at runtime.
 
 from datetime import UTC, datetime
+from typing import Protocol
 
 from faststream import AckPolicy
 from faststream.confluent import KafkaBroker
 from faststream.confluent.annotations import KafkaMessage
 
 from agentledger.contracts import admission, common, topics
+from agentledger.contracts.proposals import ProposalV1
 from agentledger.contracts.requests import RequestV1
 from agentledger.kafka import handling
-from agentledger.planning import adapters, proposer
+from agentledger.planning import adapters
 
 
-def register(broker: KafkaBroker, planner: proposer.Proposer, *, group_id: str,
+class Planner(Protocol):
+    """Production's proposer, or the shadow planner wrapping it."""
+
+    async def propose(self, request: RequestV1) -> ProposalV1 | adapters.Refusal: ...
+
+
+def register(broker: KafkaBroker, planner: Planner, *, group_id: str,
              requests_topic: str, proposals_topic: str,
              admissions_topic: str = topics.ADMISSIONS) -> None:
     """Subscribe to ``agent.requests.v1``; proposals go to ``agent.proposals.v1``."""
