@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Annotated
@@ -208,6 +209,16 @@ def render_explanation(found: audit_explain.Explanation) -> None:
         console.print(f"  reconciled {r['outcome']} by {r['resolved_by']} at {r['resolved_at']}: "
                       f"{r['reason']} (evidence: {r['evidence']})", highlight=False)
     console.print(f"[dim]{len(found.timeline)} audit events[/dim]")
+
+
+@app.command("bench")
+def bench_cmd() -> None:
+    """Run the benchmark (the repository's bench/ package) and write bench/results/latest.*."""
+    if not (settings.REPO_ROOT / "bench" / "__main__.py").exists():
+        console.print("[red]bench/ is not here[/red]: run this from a checkout of agentledger")
+        raise typer.Exit(2)
+    rc = subprocess.call([sys.executable, "-m", "bench"], cwd=settings.REPO_ROOT)
+    raise typer.Exit(rc)
 
 
 def main() -> None:

@@ -50,6 +50,7 @@ def of(exc: errors.AgentLedgerError) -> Answer:
     # Subclasses before their parents: StaleRevision and ApprovalMismatch are ValidationFailed.
     table: tuple[tuple[type[errors.AgentLedgerError], int, str], ...] = (
         (errors.ApprovalNotFound, 404, "not_found"),
+        (errors.CommandNotFound, 404, "not_found"),
         (errors.ApprovalExpired, 410, "expired"),
         (errors.StaleRevision, 409, "superseded"),
         (errors.ApprovalMismatch, 422, "mismatch"),

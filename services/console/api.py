@@ -6,13 +6,16 @@ own, so the API needs no CSRF token.
 
 # No `from __future__ import annotations`: FastAPI and pydantic read annotations at runtime.
 
+import uuid
 from typing import Annotated, Any, cast, get_args
 
+import asyncpg
 from fastapi import APIRouter, Depends, Header, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentledger import identity
 from agentledger.approvals import repository as approvals
+from agentledger.audit import explain as audit_explain
 from agentledger.services.console import answers, auth, review
 
 api = APIRouter(prefix="/api/v1")
@@ -111,3 +114,14 @@ async def approve(request: Request, approval_id: str, session: Session,
 async def deny(request: Request, approval_id: str, session: Session,
                body: DecisionBody) -> dict[str, Any]:
     return await _decide(request, approval_id, session, body, approve=False)
+
+
+@api.get("/operations/{operation_id}/explain")
+async def explain_operation(operation_id: uuid.UUID, session: Session, request: Request
+                            ) -> dict[str, Any]:
+    """What was proposed, permitted, attempted and is known (R8.6), for the session's tenant
+    only: another tenant's operation is indistinguishable from an unknown one (404)."""
+    pool = cast(asyncpg.Pool, request.app.state.audit_pool)
+    async with pool.acquire() as conn:
+        found = await audit_explain.explain(conn, session.tenant_id, operation_id)
+    return found.model_dump(mode="json")

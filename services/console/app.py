@@ -112,6 +112,13 @@ def create_app(settings: ConsoleSettings | None = None) -> FastAPI:
         pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=cfg.pool_size,
                                          init=init)
         client = httpx.AsyncClient(base_url=cfg.crm_url, timeout=cfg.crm_timeout_s)
+
+        async def as_auditor(conn: asyncpg.Connection) -> None:
+            await conn.execute('SET ROLE "agentledger_auditor"')
+        # `explain` reads the audit ledger, which only the auditor role may read.
+        audit_pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=2,
+                                               init=as_auditor)
+        app.state.audit_pool = audit_pool
         app.state.pool = pool
         app.state.console = review.Console(
             pool=pool, allowlist=allowlist.Allowlist.load(),
@@ -122,6 +129,7 @@ def create_app(settings: ConsoleSettings | None = None) -> FastAPI:
             yield
         finally:
             await client.aclose()
+            await audit_pool.close()
             await pool.close()
 
     app = FastAPI(title="agentledger approvals console", version="1", lifespan=lifespan,
