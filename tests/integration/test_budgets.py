@@ -282,8 +282,10 @@ async def test_budget_roles_are_least_privilege(db: asyncpg.Connection) -> None:
         "SELECT p.proname, pg_get_userbyid(p.proowner) AS owner, p.prosecdef, p.proconfig, "
         "       has_function_privilege('public', p.oid, 'EXECUTE') AS public_exec "
         "FROM pg_proc p WHERE p.proname LIKE 'agentledger_budget_%'")
+    # Opening from the tenant's default (migration 0008): the planner never chooses a limit.
     assert {f["proname"] for f in functions} == {"agentledger_budget_reserve",
-                                                 "agentledger_budget_settle"}
+                                                 "agentledger_budget_settle",
+                                                 "agentledger_budget_open_default"}
     for f in functions:
         assert f["owner"] == "agentledger_budget_keeper" and f["prosecdef"], f
         assert f["proconfig"] == ["search_path=pg_catalog, public, pg_temp"], f
