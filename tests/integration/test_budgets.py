@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -13,22 +12,7 @@ import pytest
 from agentledger import budgets, errors
 from agentledger.ledger import repository
 from tests.helpers import assert_eventually
-
-AsRole = Callable[[str], Awaitable[asyncpg.Connection]]
-
-
-@pytest.fixture
-async def as_role(database_url: str) -> AsyncIterator[AsRole]:
-    conns: list[asyncpg.Connection] = []
-
-    async def connect(role: str) -> asyncpg.Connection:
-        conn = await asyncpg.connect(database_url)
-        await conn.execute(f'SET ROLE "{role}"')
-        conns.append(conn)
-        return conn
-
-    yield connect
-    await asyncio.gather(*(c.close() for c in conns))
+from tests.integration.conftest import AsRole
 
 
 async def _exhaustion_audits(db: asyncpg.Connection, tenant: uuid.UUID) -> list[asyncpg.Record]:

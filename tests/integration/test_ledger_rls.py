@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
@@ -18,19 +17,6 @@ TENANT_TABLES = ("agent_command", "command_outbox", "event_outbox", "command_att
                  "tenant_data_key")
 
 
-@pytest.fixture
-async def as_role(database_url: str) -> AsyncIterator[object]:
-    conns: list[asyncpg.Connection] = []
-
-    async def connect(role: str) -> asyncpg.Connection:
-        conn = await asyncpg.connect(database_url)
-        await conn.execute(f'SET ROLE "{role}"')
-        conns.append(conn)
-        return conn
-
-    yield connect
-    for c in conns:
-        await c.close()
 
 
 @pytest.fixture

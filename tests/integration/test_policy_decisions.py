@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
 import pytest
@@ -12,26 +11,11 @@ from agentledger import errors
 from agentledger.ledger import repository
 from agentledger.policy import allowlist, cedar
 from agentledger.policy import repository as policy_store
+from tests.integration.conftest import AsRole
 
 POLICY = cedar.CedarPolicy()
 NOTE = allowlist.Allowlist.load().get("crm.note.create")
 
-AsRole = Callable[[str], Awaitable[asyncpg.Connection]]
-
-
-@pytest.fixture
-async def as_role(database_url: str) -> AsyncIterator[AsRole]:
-    conns: list[asyncpg.Connection] = []
-
-    async def connect(role: str) -> asyncpg.Connection:
-        conn = await asyncpg.connect(database_url)
-        await conn.execute(f'SET ROLE "{role}"')
-        conns.append(conn)
-        return conn
-
-    yield connect
-    for c in conns:
-        await c.close()
 
 
 async def _decide_and_record(
