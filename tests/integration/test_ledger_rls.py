@@ -159,3 +159,27 @@ async def test_maintenance_can_only_purge_payloads(
     with pytest.raises(errors.AccessDenied):
         async with repository.transaction(conn, None) as tx:
             await tx.execute("UPDATE agent_command SET request_hash = '\\x00'::bytea")
+
+
+async def test_the_reconciler_search_serves_expired_leases_first_and_skips_operator_only_unknowns(
+    db: asyncpg.Connection, as_role: object
+) -> None:
+    # Found by `make chaos N=200`: a pile of unknown refunds (no lookup) starved the search.
+    from agentledger.ledger import dispatch
+
+    waiting = [new_command(connector="billing", action="billing.refund.create") for _ in range(5)]
+    for cmd in waiting:
+        await repository.admit(db, cmd)
+        await db.execute("UPDATE agent_command SET state = 'unknown', updated_at = now() - interval '1 hour' "
+                         "WHERE operation_id = $1", cmd.operation_id)
+    expired = new_command()
+    await repository.admit(db, expired)
+    await db.execute("UPDATE agent_command SET state = 'dispatching', claim_token = gen_random_uuid(), "
+                     "lease_until = now() - interval '1 second' WHERE operation_id = $1", expired.operation_id)
+    conn = await as_role("agentledger_reconciler")  # type: ignore[operator]
+    first = await dispatch.needs_reconciliation(conn, limit=1, lookup_connectors=["crm"])
+    assert [r["operation_id"] for r in first] == [expired.operation_id]
+    every = await dispatch.needs_reconciliation(conn, limit=100, lookup_connectors=["crm"])
+    assert not {c.operation_id for c in waiting} & {r["operation_id"] for r in every}
+    with_lookup = await dispatch.needs_reconciliation(conn, limit=100, lookup_connectors=["crm", "billing"])
+    assert {c.operation_id for c in waiting} <= {r["operation_id"] for r in with_lookup}

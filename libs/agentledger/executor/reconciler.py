@@ -59,7 +59,9 @@ class Reconciler:
             expired = await approvals.expire_due(conn, limit=limit)
             if expired:
                 log.info("event=approvals_expired count=%d", len(expired))
-            todo = await dispatch.needs_reconciliation(conn, limit=limit)
+            todo = await dispatch.needs_reconciliation(
+                conn, limit=limit,
+                lookup_connectors=[n for n, c in self.connectors.items() if c.contract.lookup])
         done: dict[UUID, Action] = {}
         for item in todo:
             try:

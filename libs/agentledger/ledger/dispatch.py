@@ -6,6 +6,7 @@ Every function is one short transaction; none holds a lock across a network call
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -175,10 +176,13 @@ async def requeue(
         )
 
 
-async def needs_reconciliation(conn: Conn, *, limit: int = 100) -> list[dict[str, Any]]:
-    """Commands with an expired lease or an unknown outcome, across tenants (keys only)."""
+async def needs_reconciliation(
+    conn: Conn, *, limit: int = 100, lookup_connectors: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+    """Commands with an expired lease, then `unknown` ones of connectors that can be looked
+    up, across tenants (keys only). Other `unknown` commands wait for an operator."""
     async with repository.transaction(conn, None) as tx:
-        rows = await tx.fetch(Q["needs_reconciliation"], limit)
+        rows = await tx.fetch(Q["needs_reconciliation"], limit, list(lookup_connectors))
     return [dict(r) for r in rows]
 
 

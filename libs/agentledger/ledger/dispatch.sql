@@ -87,7 +87,8 @@ VALUES ($1, $2, $3, $1::uuid::text || ':' || $2::uuid::text, 'command.requeued',
 -- name: needs_reconciliation --
 -- Keys of commands with an expired lease or an unknown outcome, across tenants (the
 -- function returns no payload and no principal; see migration 0004).
-SELECT tenant_id, operation_id, state, connector FROM agentledger_needs_reconciliation($1);
+SELECT tenant_id, operation_id, state, connector
+FROM agentledger_needs_reconciliation($1, $2::text[]);
 
 -- name: resolve_unknown --
 -- An operator's resolution of an `unknown` command (R6.6): only from `unknown`.
