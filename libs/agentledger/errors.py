@@ -224,6 +224,16 @@ class DeliveryFailed(RelayError):
     code = "relay_delivery_failed"
 
 
+class DeliveryStalled(DeliveryFailed):
+    """Records were in flight and no delivery report came for too long.
+
+    The producer is replaced and the session restarts from the slot: a stuck producer
+    (seen after a broker restart) otherwise holds every record until its message timeout.
+    """
+
+    code = "relay_delivery_stalled"
+
+
 class ReplicationLost(RelayError):
     """The replication connection or the database went away."""
 

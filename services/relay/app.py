@@ -6,6 +6,7 @@ killed relay resumes from the slot and republishes at most what was unconfirmed.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import signal
 import threading
@@ -38,6 +39,8 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # `kill -USR1` writes every thread's stack to stderr: how to see where a stuck relay is.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     relay = build()
     try:
         relay.run(stop)

@@ -49,6 +49,10 @@ class Settings(BaseSettings):
     # Longer than a broker restart; after it a record fails and the session replays from
     # the slot instead of waiting forever.
     delivery_timeout_ms: int = Field(default=120_000, ge=1000)
+    # No report at all for this long while records are in flight: the producer is stuck
+    # (it happens after a broker restart), so it is replaced and the session replays.
+    # Longer than a healthy broker's worst ack time, much shorter than the timeout above.
+    stall_timeout: float = Field(default=30.0, gt=0)
     # A topic creation waits at most this long before the session retries.
     topic_timeout: float = Field(default=15.0, gt=0)
     # Well under wal_sender_timeout (60 s) so the server never drops a healthy relay.
@@ -84,6 +88,7 @@ class Settings(BaseSettings):
             sweep_batch=self.sweep_batch,
             linger_ms=self.linger_ms,
             delivery_timeout_ms=self.delivery_timeout_ms,
+            stall_timeout=self.stall_timeout,
             topic_timeout=self.topic_timeout,
             status_interval=self.status_interval,
             idle_wait=self.idle_wait,

@@ -28,6 +28,8 @@ class RelayOptions:
         sweep_batch: outbox rows deleted per sweep statement.
         linger_ms: producer batching delay.
         delivery_timeout_ms: how long the producer retries a record before failing it.
+        stall_timeout: seconds with records in flight and no delivery report at all before
+            the producer is replaced and the session restarts.
         topic_timeout: seconds to wait for a topic creation.
         status_interval: seconds between standby status messages to the server.
         idle_wait: longest wait for WAL or acknowledgements before housekeeping.
@@ -50,6 +52,7 @@ class RelayOptions:
     sweep_batch: int = 500
     linger_ms: int = 2
     delivery_timeout_ms: int = 120_000
+    stall_timeout: float = 30.0
     topic_timeout: float = 15.0
     status_interval: float = 5.0
     idle_wait: float = 0.5

@@ -4,6 +4,14 @@ Delivery reports are served by a background thread so that the acknowledgement t
 end of the lag measurement) does not depend on how often the streaming loop looks. The
 thread only records the metric and queues the report; the streaming loop applies reports
 to its checkpoint, so the bookkeeping stays single-threaded. A pipe wakes the loop.
+
+A success report is not taken on faith. An idempotent producer whose sequence numbers
+were reset (librdkafka issue #3672: a partition forgotten and found again around a broker
+restart) can have a new batch mistaken by the broker for a retry of an old one: the broker
+answers "success" with the OLD batch's offsets and drops the new records. Within one
+producer, acknowledged offsets of a partition only grow, so a report at or below the last
+one seen for its partition is turned into a failure, and the producer is replaced (a new
+producer id starts clean sequences); the session then republishes from the slot.
 """
 
 from __future__ import annotations
@@ -76,6 +84,10 @@ class Publisher:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._fatal = False
+        self._reset_reason: str | None = None
+        # Highest acknowledged offset per (topic, partition) of the current producer, used
+        # by that producer's reports only (it is replaced together with the producer).
+        self._acked: dict[tuple[str, int], int] = {}
         self._producer = Producer(self._config)
         self._closed = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="relay-delivery", daemon=True)
@@ -94,13 +106,28 @@ class Publisher:
         except BlockingIOError:
             pass
 
-    def reset_if_fatal(self) -> None:
-        """Replace a producer that hit a fatal idempotence error (its records are failed)."""
-        if self._fatal:
-            log.warning("event=relay.producer_reset reason=fatal_error")
-            self._producer.flush(0)
-            self._producer = Producer(self._config)
-            self._fatal = False
+    def request_reset(self, reason: str) -> None:
+        """Ask for a new producer at the next session start (see ``reset_if_needed``)."""
+        self._reset_reason = self._reset_reason or reason
+
+    def reset_if_needed(self) -> None:
+        """Replace the producer after a fatal error, a phantom ack or a stall.
+
+        The old producer's queued records are purged, not sent: the session that follows
+        streams them again from the slot, so sending them too would only add duplicates.
+        Their reports (failures) carry the abandoned session's epoch and are ignored.
+        """
+        reason = "fatal_error" if self._fatal else self._reset_reason
+        if reason is None:
+            return
+        log.warning("event=relay.producer_reset reason=%s", reason)
+        old = self._producer
+        old.purge(in_queue=True, in_flight=True, blocking=False)
+        self._producer = Producer(self._config)
+        self._acked = {}
+        self._fatal = False
+        self._reset_reason = None
+        old.flush(0)  # serves the purged records' reports; the old producer is then dropped
 
     def publish(
         self, record: routing.Record, commit_time_us: int | None, token: object
@@ -153,21 +180,33 @@ class Publisher:
         self, family: str, commit_time_us: int | None, token: object, span: Span
     ) -> Callable[[KafkaError | None, Message], None]:
         commit_unix = None if commit_time_us is None else pgoutput.unix_seconds(commit_time_us)
+        acked = self._acked  # this producer's offsets, even if the report is served later
 
-        def report(err: KafkaError | None, _msg: Message) -> None:
-            if err is None and commit_unix is not None:
+        def report(err: KafkaError | None, msg: Message) -> None:
+            reason = err.str() if err is not None else self._phantom(acked, msg)
+            ok = reason is None
+            if ok and commit_unix is not None:
                 self._metrics.acknowledged(family, (time.time() - commit_unix) * 1000.0)
-            if err is not None:
-                span.set_attribute(spans.ERROR_TYPE, err.name())
-                span.set_status(Status(StatusCode.ERROR, err.name()))
+            if not ok:
+                name = err.name() if err is not None else "PHANTOM_ACK"
+                span.set_attribute(spans.ERROR_TYPE, name)
+                span.set_status(Status(StatusCode.ERROR, name))
             span.end()
-            self.reports.put(Report(token, err is None, None if err is None else err.str()))
+            self.reports.put(Report(token, ok, reason))
             try:
                 os.write(self._wake_w, b"!")
             except BlockingIOError:
                 pass  # the pipe is full of wake-ups already
 
         return report
+
+    def _phantom(self, acked: dict[tuple[str, int], int], msg: Message) -> str | None:
+        reason = phantom_ack(acked, msg.topic(), msg.partition(), msg.offset())
+        if reason is not None:
+            self.request_reset("phantom_ack")
+            log.error("event=relay.phantom_ack topic=%s partition=%s reason=%s",
+                      msg.topic(), msg.partition(), reason)
+        return reason
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():
@@ -180,6 +219,24 @@ class Publisher:
             # Short timeout: the loop returns as soon as a report is served, and checks
             # the closed flag at least this often.
             self._producer.poll(0.1)
+
+
+def phantom_ack(
+    acked: dict[tuple[str, int], int], topic: str | None, partition: int | None,
+    offset: int | None,
+) -> str | None:
+    """Why a success report cannot be trusted (module doc), or ``None`` when it can.
+
+    ``acked`` holds the highest offset acknowledged so far per partition, for one producer;
+    a trusted report raises it.
+    """
+    if topic is None or partition is None or offset is None or offset < 0:
+        return None  # nothing to compare (an acks=all broker always returns offsets)
+    last = acked.get((topic, partition))
+    if last is not None and offset <= last:
+        return f"acknowledged at offset {offset}, not after {last}: the record may be lost"
+    acked[(topic, partition)] = offset
+    return None
 
 
 def _publish_span(record: routing.Record) -> Span:

@@ -43,6 +43,8 @@ class _Session:
         self.relations: dict[int, pgoutput.Relation] = {}
         self.txn: checkpoint.Transaction | None = None
         self.records = 0
+        # Last time delivery moved: a report applied, or the first record put in flight.
+        self.progress_at = time.monotonic()
 
 
 class Relay:
@@ -106,7 +108,7 @@ class Relay:
     def _run_session(self, stop: threading.Event) -> None:
         self._epoch += 1
         session = _Session(self._epoch)
-        self._publisher.reset_if_fatal()
+        self._publisher.reset_if_needed()
         ctrl = repository.connect(self.opts.database_url)
         repl: Any = None
         try:
@@ -143,6 +145,7 @@ class Relay:
         next_metrics = 0.0
         while not stop.is_set():
             acked = self._apply_reports(s)
+            self._check_stall(s)
             self._confirm(s, ctrl, cur)
             if time.monotonic() >= next_metrics:
                 self.metrics.retained_wal_bytes = repository.retained_wal_bytes(
@@ -195,6 +198,8 @@ class Relay:
     ) -> None:
         record = self.router.route(table, row)
         self._topics.ensure(record.topic, record.family)
+        if not s.checkpoint.in_flight_records:
+            s.progress_at = time.monotonic()
         s.checkpoint.add(txn, record.table, record.event_id)
         commit_time = txn.commit_time_us if lag else None
         self._publisher.publish(record, commit_time, (s.epoch, txn))
@@ -231,10 +236,23 @@ class Relay:
                 continue  # a record of an abandoned session: it will be streamed again
             s.checkpoint.delivered(txn, report.ok)
             applied += 1
+            s.progress_at = time.monotonic()
             if not report.ok:
+                # A new producer for the next session: the old one's queue would only
+                # resend what the session streams again from the slot.
+                self._publisher.request_reset("delivery_failed")
                 raise errors.DeliveryFailed("Kafka did not acknowledge a record",
                                             reason=report.error)
         return applied
+
+    def _check_stall(self, s: _Session) -> None:
+        waited = time.monotonic() - s.progress_at
+        if s.checkpoint.in_flight_records and waited > self.opts.stall_timeout:
+            self._publisher.request_reset("stalled")
+            raise errors.DeliveryStalled(
+                "no delivery report while records were in flight",
+                in_flight=s.checkpoint.in_flight_records, seconds=round(waited, 1),
+            )
 
     def _confirm(self, s: _Session, ctrl: Any, cur: Any) -> None:
         """Sweep the rows of acknowledged transactions, then confirm their end LSN."""

@@ -150,6 +150,7 @@ class Relay:
             # Tests restart things on purpose; come back quickly.
             "AGENTLEDGER_RELAY_BACKOFF_MAX": "1",
             "AGENTLEDGER_RELAY_SHUTDOWN_TIMEOUT": "5",
+            "PYTHONFAULTHANDLER": "1",
             **self.extra_env,
             **env,
         }

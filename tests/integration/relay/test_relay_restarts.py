@@ -1,13 +1,18 @@
-"""Restarting PostgreSQL or the broker under a running relay loses nothing.
+"""Restarting PostgreSQL or the broker, or freezing the broker, under a running relay loses
+nothing.
 
 Runs against a PRIVATE second stack (own Postgres cluster and Kafka broker on free ports,
-started by deploy/local/*.sh) so restarting it never disturbs other tests.
+started by deploy/local/*.sh) so disturbing it never disturbs other tests.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg2
@@ -62,36 +67,55 @@ class ResilientAdmitter(threading.Thread):
             conn.close()
 
 
-def _restart_under_load(stack: PrivateStack, service: str, log_dir: Path) -> None:
+def _events(relay: support.Relay) -> str:
+    """The relay's session and producer events, for a failure message."""
+    lines = [line for line in relay.log_text().splitlines()
+             if any(e in line for e in ("session_failed", "producer_reset", "phantom_ack",
+                                        "relay.streaming", "Traceback", "Error"))]
+    return "\n".join(lines[-40:])
+
+
+def _stacks(relay: support.Relay, proc: subprocess.Popen[bytes]) -> str:
+    """Every thread's stack of a relay that stopped making progress (faulthandler, SIGUSR1)."""
+    if proc.poll() is not None:
+        return f"relay exited with {proc.returncode}"
+    proc.send_signal(signal.SIGUSR1)
+    wait_until(lambda: "most recent call first" in relay.log_text(), timeout=10)
+    return relay.log_text()[-6000:]
+
+
+def _under_load(stack: PrivateStack, log_dir: Path, disturb: Callable[[support.Relay], None],
+                felt: tuple[str, ...], **relay_env: str) -> None:
+    """Admit commands while ``disturb`` runs; every committed one must reach its topic."""
     tag = uuid.uuid4().hex[:8]
     relay = support.Relay(stack.database_url, stack.bootstrap, f"relay_restart_{tag}",
                           f"rr{tag}.", log_dir)
     admitter = ResilientAdmitter(stack.database_url)
     try:
-        proc = relay.start()
+        proc = relay.start(**relay_env)
         assert wait_until(lambda: "event=relay.streaming" in relay.log_text(), timeout=30)
         admitter.start()
         assert wait_until(lambda: admitter.commits >= 200, timeout=30)
-        stack.run(service, "stop")
-        stack.run(service, "start")
+        disturb(relay)
         floor = admitter.commits
         assert wait_until(lambda: admitter.commits >= floor + 200, timeout=60)
         admitter.stop.set()
         admitter.join(timeout=30)
 
         expected = admitter.admitted_keys()
-        assert wait_until(lambda: support.outbox_count(stack.database_url) == 0, timeout=90), (
-            relay.log_text()[-3000:]
-        )
+        drained = wait_until(lambda: support.outbox_count(stack.database_url) == 0, timeout=90)
+        assert drained, _stacks(relay, proc)
         topics = [f"{relay.namespace}exec.{c}.v1" for c in support.CONNECTORS]
         records = support.read_topics(
             stack.bootstrap, topics, lambda got: expected <= {r.key for r in got}, timeout=60
         )
         missing = expected - {r.key for r in records}
-        assert not missing, f"{len(missing)} of {len(expected)} commands never published"
-        # The restart was felt: the session broke (Postgres) or the producer saw errors.
-        felt = "event=relay.session_failed" if service == "postgres" else "event=relay.kafka_error"
-        assert felt in relay.log_text()
+        assert not missing, (
+            f"{len(missing)} of {len(expected)} commands never published "
+            f"({sorted(missing)[:3]}); relay events:\n{_events(relay)}"
+        )
+        for event in felt:  # the disturbance was felt, and handled the way it should be
+            assert event in relay.log_text(), f"{event!r} not logged:\n{_events(relay)}"
         assert relay.terminate(proc) == 0
     finally:
         admitter.stop.set()
@@ -102,13 +126,46 @@ def _restart_under_load(stack: PrivateStack, service: str, log_dir: Path) -> Non
         support.delete_namespace_topics(admin, relay.namespace)
 
 
+def _restart(stack: PrivateStack, service: str) -> Callable[[support.Relay], None]:
+    def disturb(_relay: support.Relay) -> None:
+        stack.run(service, "stop")
+        stack.run(service, "start")
+
+    return disturb
+
+
 def test_postgres_restart_while_relaying_loses_nothing(
     private_stack: PrivateStack, tmp_path: Path
 ) -> None:
-    _restart_under_load(private_stack, "postgres", tmp_path)
+    _under_load(private_stack, tmp_path, _restart(private_stack, "postgres"),
+                felt=("event=relay.session_failed",))
 
 
 def test_broker_restart_while_relaying_loses_nothing(
     private_stack: PrivateStack, tmp_path: Path
 ) -> None:
-    _restart_under_load(private_stack, "kafka", tmp_path)
+    _under_load(private_stack, tmp_path, _restart(private_stack, "kafka"),
+                felt=("event=relay.kafka_error",))
+
+
+def test_frozen_broker_stalls_the_producer_which_is_replaced_and_loses_nothing(
+    private_stack: PrivateStack, tmp_path: Path
+) -> None:
+    """A broker that accepts connections but never answers (SIGSTOP) leaves records in
+    flight with no report at all: after the stall timeout the relay replaces its producer
+    and replays from the slot, and once the broker thaws everything arrives."""
+    pid = int((Path(private_stack.env["AGENTLEDGER_LOCAL_DIR"]) / "kafka" / "kafka.pid")
+              .read_text())
+
+    def freeze(relay: support.Relay) -> None:
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            # Frozen until the relay has given up on its producer at least once.
+            assert wait_until(lambda: "reason=stalled" in relay.log_text(), timeout=60), (
+                _events(relay))
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    _under_load(private_stack, tmp_path, freeze,
+                felt=("code=relay_delivery_stalled", "event=relay.producer_reset reason=stalled"),
+                AGENTLEDGER_RELAY_STALL_TIMEOUT="3")
