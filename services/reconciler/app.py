@@ -30,7 +30,8 @@ async def run(cfg: ReconcilerSettings | None = None) -> None:
     pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=4, init=init)
     worker = reconciler.Reconciler(pool=pool, connectors=connectors,
                                    credentials=base.Credentials("lookup", cfg.lookup_tokens),
-                                   worker_id=cfg.worker_id, lease_s=cfg.lease_s)
+                                   worker_id=cfg.worker_id, lease_s=cfg.lease_s,
+                                   stranded_after_s=cfg.stranded_after_s)
     log.info("event=reconciler_started period_s=%s", cfg.period_s)
     try:
         while not stop.is_set():

@@ -21,3 +21,6 @@ class ReconcilerSettings(BaseSettings):
     # A lookup is one read; the lease covers it and the bookkeeping.
     lease_s: float = 30.0
     worker_id: str = "reconciler"
+    # A command pending this long with no obligation left in the outbox was published and
+    # never claimed (its Kafka record was lost): its obligation is republished.
+    stranded_after_s: float = Field(default=300.0, gt=0)

@@ -241,3 +241,54 @@ async def test_permission_revoked_while_queued_is_denied_with_no_call(world: Wor
         stages = await conn.fetch("SELECT stage, effect FROM policy_decision WHERE operation_id=$1 "
                                   "ORDER BY decided_at", op)
     assert [(s["stage"], s["effect"]) for s in stages] == [("admission", "allow"), ("dispatch", "deny")]
+
+
+async def test_a_command_whose_record_was_lost_is_republished_once_then_dispatched_once(
+    world: World,
+) -> None:
+    """The relay swept the obligation (Kafka acknowledged it) but no executor ever saw the
+    record: once it has been pending for ``stranded_after_s`` the reconciler renews the
+    obligation — once — and the command is then dispatched like any other."""
+    t = await world.tenant()
+    lost = await world.admit(t, NOTE, {"body": "lost on the way"})
+    queued = await world.admit(t, NOTE, {"body": "still waiting in the outbox"})
+    async with world.owner.acquire() as conn:
+        # What the relay does after an acknowledgement: the row leaves the outbox.
+        await conn.execute("DELETE FROM command_outbox WHERE tenant_id=$1 AND operation_id=$2",
+                           t.tenant_id, lost)
+        await conn.execute("UPDATE agent_command SET updated_at = now() - interval '2 hours'"
+                           " WHERE tenant_id=$1 AND operation_id = ANY($2::uuid[])",
+                           t.tenant_id, [lost, queued])
+    sweeper = world.reconciler()
+    sweeper.stranded_after_s = 3600.0
+
+    done = await sweeper.sweep()
+    assert done.get(lost) == "republished"
+    assert queued not in done  # its obligation is still in the outbox: not stranded
+    async with world.owner.acquire() as conn:
+        obligation = await conn.fetchrow(
+            "SELECT type, aggregatetype, aggregateid FROM command_outbox"
+            " WHERE tenant_id=$1 AND operation_id=$2", t.tenant_id, lost)
+        audit = await conn.fetch("SELECT type, payload FROM audit_event"
+                                 " WHERE tenant_id=$1 AND operation_id=$2 ORDER BY seq",
+                                 t.tenant_id, lost)
+    assert obligation is not None
+    assert dict(obligation) == {"type": "command.republished", "aggregatetype": "crm",
+                                "aggregateid": f"{t.tenant_id}:{lost}"}
+    assert [a["type"] for a in audit][-1] == "command.republished"
+    assert (await world.row(t, lost))["state"] == "pending"  # nothing was sent
+
+    # Renewed once: with its obligation back (and its age reset), the next sweeps skip it,
+    # even after the relay has swept the new row.
+    assert lost not in await sweeper.sweep()
+    async with world.owner.acquire() as conn:
+        await conn.execute("DELETE FROM command_outbox WHERE tenant_id=$1 AND operation_id=$2",
+                           t.tenant_id, lost)
+    assert lost not in await sweeper.sweep()
+
+    worker = world.dispatcher()
+    begun = await worker.begin(t.tenant_id, lost)
+    assert begun.claim is not None
+    assert await worker.complete(begun.claim) == "succeeded"
+    notes = [n for n in await world.effects(t, "note.created") if n["idempotency_key"] == str(lost)]
+    assert len(notes) == 1

@@ -10,6 +10,11 @@ follows the connector's declared contract:
 - ``keyed`` without lookup, ``replay_safe``: requeue (resending the same key is safe).
 - ``none``: ``unknown``; only an operator can resolve it. Nothing is ever resent.
 
+And one more case, for a loss it cannot otherwise see: a command still ``pending`` long
+after admission whose outbox row is gone was published and never claimed — its Kafka
+record was lost after the broker acknowledged it. Its obligation is republished (nothing
+was ever sent for it, and executors claim a command once).
+
 It never calls a write API and never the planner (R6.5): its credential is lookup-only.
 """
 
@@ -38,7 +43,10 @@ tracer = trace.get_tracer("agentledger.reconciler")
 # A lookup is one read; the lease only needs to cover it and the bookkeeping.
 LEASE_S = 30.0
 
-Action = Literal["succeeded", "requeued", "unknown", "skipped"]
+Action = Literal["succeeded", "requeued", "unknown", "skipped", "republished"]
+# Far longer than relay lag plus executor backlog in normal operation: a renewal is a
+# diagnosis (a record was lost), not a retry loop.
+STRANDED_AFTER_S = 300.0
 
 
 @dataclass
@@ -48,6 +56,7 @@ class Reconciler:
     credentials: base.Credentials  # lookup scope
     worker_id: str
     lease_s: float = LEASE_S
+    stranded_after_s: float = STRANDED_AFTER_S
 
     async def sweep(self, *, limit: int = 100) -> dict[UUID, Action]:
         """One pass over every command that needs recovery; returns what was done.
@@ -69,7 +78,27 @@ class Reconciler:
                     item["tenant_id"], item["operation_id"], item["connector"], item["state"])
             except errors.StaleClaim:
                 done[item["operation_id"]] = "skipped"
+        await self._republish_stranded(done, limit)
         return done
+
+    async def _republish_stranded(self, done: dict[UUID, Action], limit: int) -> None:
+        async with self.pool.acquire() as conn:
+            stranded = await dispatch.stranded_pending(
+                conn, older_than_s=self.stranded_after_s, limit=limit)
+            for item in stranded:
+                with spans.span(tracer, "republish", context=spans.ROOT, attributes={
+                        spans.OPERATION_ID: str(item["operation_id"]),
+                        spans.CONNECTOR: item["connector"]}):
+                    renewed = await dispatch.republish(
+                        conn, item["tenant_id"], item["operation_id"],
+                        older_than_s=self.stranded_after_s, traceparent=spans.traceparent_of())
+                if renewed:
+                    done[item["operation_id"]] = "republished"
+                    telemetry_metrics.reconciliations.add(
+                        1, connector=telemetry_metrics.bounded(item["connector"]),
+                        outcome="republished")
+                    log.warning("event=republished operation_id=%s connector=%s",
+                                item["operation_id"], item["connector"])
 
     async def reconcile(
         self, tenant_id: UUID, operation_id: UUID, connector_name: str, state: str

@@ -186,6 +186,44 @@ async def needs_reconciliation(
     return [dict(r) for r in rows]
 
 
+async def stranded_pending(
+    conn: Conn, *, older_than_s: float, limit: int = 100
+) -> list[dict[str, Any]]:
+    """Commands pending for longer than ``older_than_s`` whose obligation is gone from the
+    outbox: published (the relay swept it) yet never claimed. Keys only, across tenants."""
+    async with repository.transaction(conn, None) as tx:
+        rows = await tx.fetch(Q["stranded_pending"], limit, float(older_than_s))
+    return [dict(r) for r in rows]
+
+
+async def republish(
+    conn: Conn, tenant_id: UUID, operation_id: UUID, *, older_than_s: float,
+    traceparent: str | None = None,
+) -> bool:
+    """Renew the dispatch obligation of a stranded command; ``False`` if it no longer is.
+
+    Only ``pending`` commands qualify: nothing was ever sent for them, so publishing the
+    obligation again can at most wake an executor that claims the command once.
+    """
+    async with repository.transaction(conn, tenant_id) as tx:
+        connector = await tx.fetchval(Q["touch_stranded"], tenant_id, operation_id,
+                                      float(older_than_s))
+        if connector is None:
+            return False
+        await tx.execute(Q["republish_obligation"], tenant_id, operation_id, connector,
+                         traceparent)
+        await repository.append_event(
+            tx, tenant_id=tenant_id, operation_id=operation_id, family="audit",
+            type="command.republished",
+            payload={"operation_id": str(operation_id),
+                     "reason": "admitted, published and never claimed: its Kafka record was "
+                               "lost after the broker acknowledged it",
+                     "pending_for_more_than_s": older_than_s},
+            traceparent=traceparent,
+        )
+    return True
+
+
 async def resolve_unknown(
     conn: Conn, tenant_id: UUID, operation_id: UUID, *, outcome: Literal["succeeded", "failed"],
     resolved_by: str, reason: str, receipt: str | None = None, evidence: str | None = None,

@@ -84,6 +84,30 @@ VALUES ($1, $2, $3, $1::uuid::text || ':' || $2::uuid::text, 'command.requeued',
                            'type', 'command.requeued'),
         $4);
 
+-- name: republish_obligation --
+-- A new obligation for a stranded command (migration 0011): same shape as a renewal.
+INSERT INTO command_outbox (tenant_id, operation_id, aggregatetype, aggregateid, type, payload,
+                            traceparent)
+VALUES ($1, $2, $3, $1::uuid::text || ':' || $2::uuid::text, 'command.republished',
+        jsonb_build_object('tenant_id', $1::uuid, 'operation_id', $2::uuid,
+                           'type', 'command.republished'),
+        $4);
+
+-- name: stranded_pending --
+-- Keys of commands pending longer than $2 seconds with no obligation left in the outbox.
+SELECT tenant_id, operation_id, connector
+FROM agentledger_stranded_pending($1, make_interval(secs => $2));
+
+-- name: touch_stranded --
+-- Claims the renewal, conditional on the command still being stranded: of two reconcilers,
+-- the second finds `updated_at` fresh (the row lock makes it re-read) and renews nothing.
+UPDATE agent_command SET updated_at = now()
+WHERE tenant_id = $1 AND operation_id = $2 AND state = 'pending'
+  AND updated_at < now() - make_interval(secs => $3)
+  AND NOT EXISTS (SELECT 1 FROM command_outbox o
+                  WHERE o.tenant_id = $1 AND o.operation_id = $2)
+RETURNING connector;
+
 -- name: needs_reconciliation --
 -- Keys of commands with an expired lease or an unknown outcome, across tenants (the
 -- function returns no payload and no principal; see migration 0004).
