@@ -166,7 +166,7 @@ async def requeue(
                          reason[:500])
         await tx.execute(Q["drop_obligation"], held.tenant_id, held.operation_id)
         await tx.execute(Q["renew_obligation"], held.tenant_id, held.operation_id, connector,
-                         traceparent)
+                         traceparent, "command.requeued")
         await repository.append_event(
             tx, tenant_id=held.tenant_id, operation_id=held.operation_id, family="audit",
             type="command.requeued",
@@ -210,8 +210,8 @@ async def republish(
                                       float(older_than_s))
         if connector is None:
             return False
-        await tx.execute(Q["republish_obligation"], tenant_id, operation_id, connector,
-                         traceparent)
+        await tx.execute(Q["renew_obligation"], tenant_id, operation_id, connector,
+                         traceparent, "command.republished")
         await repository.append_event(
             tx, tenant_id=tenant_id, operation_id=operation_id, family="audit",
             type="command.republished",

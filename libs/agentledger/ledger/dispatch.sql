@@ -76,21 +76,12 @@ RETURNING connector;
 DELETE FROM command_outbox WHERE tenant_id = $1 AND operation_id = $2;
 
 -- name: renew_obligation --
--- A new dispatch obligation for a requeued command: the relay publishes the insert again.
+-- A new dispatch obligation, the relay publishes the insert again: `command.requeued` after
+-- recovery proved resending safe, `command.republished` for a stranded command (0011).
 INSERT INTO command_outbox (tenant_id, operation_id, aggregatetype, aggregateid, type, payload,
                             traceparent)
-VALUES ($1, $2, $3, $1::uuid::text || ':' || $2::uuid::text, 'command.requeued',
-        jsonb_build_object('tenant_id', $1::uuid, 'operation_id', $2::uuid,
-                           'type', 'command.requeued'),
-        $4);
-
--- name: republish_obligation --
--- A new obligation for a stranded command (migration 0011): same shape as a renewal.
-INSERT INTO command_outbox (tenant_id, operation_id, aggregatetype, aggregateid, type, payload,
-                            traceparent)
-VALUES ($1, $2, $3, $1::uuid::text || ':' || $2::uuid::text, 'command.republished',
-        jsonb_build_object('tenant_id', $1::uuid, 'operation_id', $2::uuid,
-                           'type', 'command.republished'),
+VALUES ($1, $2, $3, $1::uuid::text || ':' || $2::uuid::text, $5,
+        jsonb_build_object('tenant_id', $1::uuid, 'operation_id', $2::uuid, 'type', $5::text),
         $4);
 
 -- name: stranded_pending --
