@@ -46,7 +46,7 @@ def test_a_paused_worker_past_its_lease_cannot_finalize(chaos: Pipeline, tmp_pat
     # Worker A stops itself (SIGSTOP) right after claiming; its lease expires; the reconciler
     # takes over and requeues; worker B (same group) dispatches. Then A resumes, makes its
     # call with the same key (the CRM replays) and is fenced out of finalizing.
-    baseline = harness.effect_baseline(chaos)
+    started, baseline = time.monotonic(), harness.effect_baseline(chaos)
     a = chaos.services["executor-crm"]
     harness.restart(chaos, "executor-crm", "executor.after_claim:pause:1")
     b_env = {**a.env, "AGENTLEDGER_EXECUTOR_GROUP_INSTANCE_ID": "executor-crm-1"}
@@ -63,7 +63,9 @@ def test_a_paused_worker_past_its_lease_cannot_finalize(chaos: Pipeline, tmp_pat
         assert state[0] == "succeeded"
         os.kill(pid, signal.SIGCONT)
         assert wait_until(lambda: "event=fenced_out" in a.log.read_text(), timeout=60), a.tail()
-        report = harness.check(chaos, harness.PointReport("stale holder (SIGSTOP/SIGCONT)"), ops, baseline)
+        report = harness.check(chaos, harness.PointReport("stale holder (SIGSTOP/SIGCONT)",
+                                                          seconds=time.monotonic() - started),
+                               ops, baseline)
         report.kills = 1
         harness.save(report)
         assert (report.effects, report.duplicate_effects) == (1, 0), report
@@ -83,7 +85,7 @@ def _stopped(pid: int) -> bool:
 
 def test_rebalance_mid_dispatch_loses_nothing_and_duplicates_nothing(chaos: Pipeline) -> None:
     # A slow provider keeps calls in flight while executors join and leave the group.
-    baseline = harness.effect_baseline(chaos)
+    started, baseline = time.monotonic(), harness.effect_baseline(chaos)
     asyncio.run(chaos.crm.arm({"match": {"method": "POST", "path_prefix": "/v1/customers/"},
                                "action": "delay", "delay_ms": 300, "times": 1000}))
     a = chaos.services["executor-crm"]
@@ -112,7 +114,9 @@ def test_rebalance_mid_dispatch_loses_nothing_and_duplicates_nothing(chaos: Pipe
         for svc in extra:
             svc.stop()
         asyncio.run(chaos.crm.disarm())
-    report = harness.check(chaos, harness.PointReport("rebalance (join, leave, die)"), ops, baseline)
+    report = harness.check(chaos, harness.PointReport("rebalance (join, leave, die)",
+                                                      seconds=time.monotonic() - started),
+                           ops, baseline)
     report.kills = 1
     harness.save(report)
     assert (report.duplicate_effects, report.invented_successes, report.lost_commands,
@@ -141,7 +145,7 @@ def test_broker_restart_mid_dispatch_loses_nothing(
     asyncio.run(migrations.migrate(ledger_url, settings.REPO_ROOT / "migrations"))
     with pipeline(private_stack.bootstrap, ledger_url, fresh(private_stack.database_url),
                   tmp_path_factory.mktemp("broker"), env=harness.CHAOS_ENV) as p:
-        baseline = harness.effect_baseline(p)
+        started, baseline = time.monotonic(), harness.effect_baseline(p)
         ops: dict[uuid.UUID, str] = {}
         submit = harness.note(p, ops)
         for _ in range(10):
@@ -151,7 +155,9 @@ def test_broker_restart_mid_dispatch_loses_nothing(
         for _ in range(10):
             submit()
         assert harness.settle(p, ops, timeout=180), harness.unsettled(p, ops)
-        report = harness.check(p, harness.PointReport("broker restart"), ops, baseline)
+        report = harness.check(p, harness.PointReport("broker restart",
+                                                      seconds=time.monotonic() - started),
+                               ops, baseline)
         report.kills = 1
         harness.save(report)
         assert (report.duplicate_effects, report.invented_successes, report.lost_commands,
