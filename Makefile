@@ -35,7 +35,8 @@ test-unit: bootstrap ## Only the tests without I/O
 	@$(PY) -m pytest tests/unit
 
 .PHONY: bench
-bench: bootstrap ## Benchmark vs pgbench and DBOS in one run (~8 min) → bench/results/latest.*
+bench: ## Benchmark vs pgbench and DBOS in one run (~8 min) → bench/results/latest.*
+	@AGENTLEDGER_EXTRAS=dev,bench bash deploy/local/bootstrap.sh
 	@if [ -f $(ENV_FILE) ]; then . $(ENV_FILE); fi; $(PY) -m bench
 
 lint: bootstrap ## ruff + mypy (strict)

@@ -22,12 +22,16 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 VENV="$ROOT/.venv"
-STAMP="$VENV/.installed-$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+# Extras to install: `dev` (tests, lint) always; `make bench` adds `bench` (DBOS, psutil…).
+EXTRAS="${AGENTLEDGER_EXTRAS:-dev}"
+HASH="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+STAMP="$VENV/.installed-$HASH-${EXTRAS//,/+}"
 if [ ! -f "$STAMP" ]; then
-  log "installing the Python environment in .venv"
+  log "installing the Python environment in .venv (extras: $EXTRAS)"
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip >&2
-  "$VENV/bin/pip" install -q -e "$ROOT[dev]" >&2
-  rm -f "$VENV"/.installed-*
-  touch "$STAMP"
+  "$VENV/bin/pip" install -q -e "$ROOT[$EXTRAS]" >&2
+  # Stamps of an older pyproject.toml are stale; every extras set includes `dev`.
+  find "$VENV" -maxdepth 1 -name '.installed-*' ! -name ".installed-$HASH-*" -delete
+  touch "$STAMP" "$VENV/.installed-$HASH-dev"
 fi
