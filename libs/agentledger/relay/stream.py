@@ -236,13 +236,14 @@ class Relay:
                 continue  # a record of an abandoned session: it will be streamed again
             s.checkpoint.delivered(txn, report.ok)
             applied += 1
-            s.progress_at = time.monotonic()
             if not report.ok:
                 # A new producer for the next session: the old one's queue would only
                 # resend what the session streams again from the slot.
                 self._publisher.request_reset("delivery_failed")
                 raise errors.DeliveryFailed("Kafka did not acknowledge a record",
                                             reason=report.error)
+        if applied:
+            s.progress_at = time.monotonic()
         return applied
 
     def _check_stall(self, s: _Session) -> None:
