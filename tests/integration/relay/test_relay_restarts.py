@@ -110,9 +110,14 @@ def _under_load(stack: PrivateStack, log_dir: Path, disturb: Callable[[support.R
             stack.bootstrap, topics, lambda got: expected <= {r.key for r in got}, timeout=60
         )
         missing = expected - {r.key for r in records}
+        if missing:  # a second reader tells "not on the topic" from "the reader missed it"
+            again = support.read_topics(stack.bootstrap, topics,
+                                        lambda got: missing <= {r.key for r in got}, timeout=30)
+            found = {r.key: (r.topic, r.partition, r.offset) for r in again if r.key in missing}
         assert not missing, (
             f"{len(missing)} of {len(expected)} commands never published "
-            f"({sorted(missing)[:3]}); relay events:\n{_events(relay)}"
+            f"({sorted(missing)[:3]}); a second reader found {found}; "
+            f"relay events:\n{_events(relay)}"
         )
         for event in felt:  # the disturbance was felt, and handled the way it should be
             assert event in relay.log_text(), f"{event!r} not logged:\n{_events(relay)}"
