@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 import signal
 import threading
-import time
 import uuid
 from collections import Counter, defaultdict
 
@@ -49,6 +48,14 @@ class Admitter(threading.Thread):
             conn.close()
 
 
+def _after_commits(admitter: Admitter, count: int) -> None:
+    """Return once ``count`` more commands have committed (the kills' pacing)."""
+    floor = len(admitter.committed)
+    assert wait_until(lambda: len(admitter.committed) >= floor + count or admitter.error is not None,
+                      timeout=30, interval=0.01), "the admitter stopped committing"
+    assert admitter.error is None, admitter.error
+
+
 def _slot_exists(url: str, slot: str) -> bool:
     conn = psycopg2.connect(url)
     try:
@@ -69,12 +76,13 @@ def test_sigkilled_relay_publishes_every_row_at_least_once(
     admitter.start()
     try:
         for _ in range(KILLS):
-            # A random moment: starting up, streaming, sweeping or confirming.
-            time.sleep(rng.uniform(0.2, 1.5))
+            # A random moment (starting up, streaming, sweeping or confirming), counted in
+            # commits: 40-300 more (0.2-1.5 s at the admitter's pace) since the last start.
+            _after_commits(admitter, rng.randint(40, 300))
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=10)
             proc = relay.start()
-        time.sleep(rng.uniform(0.5, 1.0))  # keep admitting while the last relay runs
+        _after_commits(admitter, rng.randint(100, 200))  # keep admitting while it runs
     finally:
         admitter.stop.set()
         admitter.join(timeout=30)
