@@ -22,5 +22,5 @@ class ReconcilerSettings(BaseSettings):
     lease_s: float = 30.0
     worker_id: str = "reconciler"
     # A command pending this long with no obligation left in the outbox was published and
-    # never claimed (its Kafka record was lost): its obligation is republished.
+    # never claimed (its record was lost, or no executor consumes it): it is republished.
     stranded_after_s: float = Field(default=300.0, gt=0)

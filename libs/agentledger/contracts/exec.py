@@ -15,7 +15,7 @@ class ExecRequestV1(common.Contract):
     tenant_id: common.TenantId
     operation_id: common.OperationId
     # `command.requeued`: a new dispatch obligation after recovery proved resending safe.
-    # `command.republished`: the first obligation was published and then lost before any
-    # executor claimed the command (the reconciler renews it; nothing was ever sent).
+    # `command.republished`: the first obligation was published and no executor claimed
+    # the command in time (the reconciler renews it; nothing was ever sent).
     type: Literal["command.admitted", "command.requeued", "command.republished"] = (
         "command.admitted")

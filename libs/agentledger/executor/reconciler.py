@@ -12,8 +12,9 @@ follows the connector's declared contract:
 
 And one more case, for a loss it cannot otherwise see: a command still ``pending`` long
 after admission whose outbox row is gone was published and never claimed — its Kafka
-record was lost after the broker acknowledged it. Its obligation is republished (nothing
-was ever sent for it, and executors claim a command once).
+record was lost after the broker acknowledged it, or no executor consumes its topic. Its
+obligation is republished (nothing was ever sent for it, and executors claim a command
+once).
 
 It never calls a write API and never the planner (R6.5): its credential is lookup-only.
 """

@@ -216,8 +216,8 @@ async def republish(
             tx, tenant_id=tenant_id, operation_id=operation_id, family="audit",
             type="command.republished",
             payload={"operation_id": str(operation_id),
-                     "reason": "admitted, published and never claimed: its Kafka record was "
-                               "lost after the broker acknowledged it",
+                     "reason": "published (its outbox row was swept) and never claimed: the "
+                               "record was lost, or no executor consumes its topic",
                      "pending_for_more_than_s": older_than_s},
             traceparent=traceparent,
         )

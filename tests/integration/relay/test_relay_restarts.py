@@ -110,6 +110,7 @@ def _under_load(stack: PrivateStack, log_dir: Path, disturb: Callable[[support.R
             stack.bootstrap, topics, lambda got: expected <= {r.key for r in got}, timeout=60
         )
         missing = expected - {r.key for r in records}
+        found: dict[str, tuple[str, int, int]] = {}
         if missing:  # a second reader tells "not on the topic" from "the reader missed it"
             again = support.read_topics(stack.bootstrap, topics,
                                         lambda got: missing <= {r.key for r in got}, timeout=30)
