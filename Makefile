@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 ENV_FILE := .local/env
 
-.PHONY: help bootstrap up down status migrate demo test test-unit lint chaos
+.PHONY: help bootstrap up down status migrate demo test test-unit test-repeat lint chaos
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -34,6 +34,10 @@ test: bootstrap ## Run the test suite against real Kafka and PostgreSQL (started
 test-unit: bootstrap ## Only the tests without I/O
 	@$(PY) -m pytest tests/unit
 
+TIERS ?= tests/integration tests/e2e tests/chaos
+test-repeat: bootstrap ## Flake finder: run TIERS N times on one stack, tally each test (`make test-repeat N=5`)
+	@$(PY) -m tests.repeat --runs $(or $(N),5) $(TIERS)
+
 .PHONY: bench
 bench: ## Benchmark vs pgbench and DBOS in one run (~8 min) → bench/results/latest.*
 	@AGENTLEDGER_EXTRAS=dev,bench bash deploy/local/bootstrap.sh
@@ -43,6 +47,5 @@ lint: bootstrap ## ruff + mypy (strict)
 	@.venv/bin/ruff check libs services tests
 	@.venv/bin/mypy
 
-N ?= 20
 chaos: bootstrap ## Kill real services at every fault point N times each (default 20; `make chaos N=200`)
-	@AGENTLEDGER_CHAOS_N=$(N) $(PY) -m pytest tests/chaos -p no:cacheprovider --timeout=7200
+	@AGENTLEDGER_CHAOS_N=$(or $(N),20) $(PY) -m pytest tests/chaos -p no:cacheprovider --timeout=7200
