@@ -86,6 +86,25 @@ def wait_killed(p: Pipeline, name: str, timeout: float = 90) -> None:
     assert rc == -9, f"{name} exited with {rc}, not SIGKILL\n{svc.tail()}"
 
 
+def describe_group(p: Pipeline, name: str) -> str:
+    """For a failure message: who is in the service's consumer group and which partitions each owns."""
+    from confluent_kafka.admin import AdminClient
+
+    env = p.services[name].env
+    group = next((v for k, v in env.items() if k.endswith("_GROUP_ID")), None)
+    if group is None:
+        return f"{name}: no consumer group"
+    try:
+        desc = AdminClient({"bootstrap.servers": p.bootstrap}).describe_consumer_groups(
+            [group])[group].result(timeout=10)
+    except Exception as exc:  # a diagnostic must never hide the failure it describes
+        return f"group {group}: not described ({exc!r})"
+    members = [f"{m.group_instance_id or m.client_id}@{m.host}: "
+               f"{sorted(f'{tp.topic}[{tp.partition}]' for tp in m.assignment.topic_partitions)}"
+               for m in desc.members]
+    return f"group {group} state={desc.state} members=[{'; '.join(members)}]"
+
+
 def states(p: Pipeline, ops: Iterable[uuid.UUID]) -> dict[uuid.UUID, tuple[str, str | None]]:
     conn = psycopg2.connect(p.database_url)
     try:

@@ -46,23 +46,28 @@ def test_a_paused_worker_past_its_lease_cannot_finalize(chaos: Pipeline, tmp_pat
     # Worker A stops itself (SIGSTOP) right after claiming; its lease expires; the reconciler
     # takes over and requeues; worker B (same group) dispatches. Then A resumes, makes its
     # call with the same key (the CRM replays) and is fenced out of finalizing.
+    # B joins only once A has paused: while the note is on its way A is the group's only
+    # member, so A claims it whichever partition it lands on (never a race for the partition).
     started, baseline = time.monotonic(), harness.effect_baseline(chaos)
     a = chaos.services["executor-crm"]
     harness.restart(chaos, "executor-crm", "executor.after_claim:pause:1")
     b_env = {**a.env, "AGENTLEDGER_EXECUTOR_GROUP_INSTANCE_ID": "executor-crm-1"}
     b_env.pop("AGENTLEDGER_FAULT", None)
     b = processes.Service(a.module, b_env, a.log.with_name("executor-crm-b.log"))
-    b.start()
+    assert a.proc is not None
+    pid = a.proc.pid
     try:
         ops: dict[uuid.UUID, str] = {}
         op = harness.note(chaos, ops)()
-        assert a.proc is not None
-        pid = a.proc.pid
-        assert wait_until(lambda: _stopped(pid), timeout=60), "worker A never paused"
+        assert wait_until(lambda: _stopped(pid), timeout=60), (
+            f"worker A never paused; {op} is {chaos.state(op)}\n"
+            f"{harness.describe_group(chaos, 'executor-crm')}\n--- A\n{a.tail()}")
+        b.start()
         state = chaos.wait_state(op, "succeeded", timeout=90)
         assert state[0] == "succeeded"
         os.kill(pid, signal.SIGCONT)
-        assert wait_until(lambda: "event=fenced_out" in a.log.read_text(), timeout=60), a.tail()
+        assert wait_until(lambda: "event=fenced_out" in a.log.read_text(), timeout=60), (
+            f"A resumed but was never fenced out\n--- A\n{a.tail()}\n--- B\n{b.tail()}")
         report = harness.check(chaos, harness.PointReport("stale holder (SIGSTOP/SIGCONT)",
                                                           seconds=time.monotonic() - started),
                                ops, baseline)
@@ -71,6 +76,8 @@ def test_a_paused_worker_past_its_lease_cannot_finalize(chaos: Pipeline, tmp_pat
         assert (report.effects, report.duplicate_effects) == (1, 0), report
         assert chaos.state(op) == state  # A's late answer changed nothing
     finally:
+        if _stopped(pid):
+            os.kill(pid, signal.SIGCONT)  # a stopped process ignores SIGTERM until resumed
         b.stop()
         harness.restart(chaos, "executor-crm", None)
 
