@@ -140,6 +140,12 @@ class Pipeline:
         """Approve the pending request of ``op`` through the real path (approver policy, hash)."""
         asyncio.run(_approve(self.database_url, uuid.UUID(self.tenant), op, approver))
 
+    def sweep_once(self) -> dict[uuid.UUID, str]:
+        """One whole reconciler pass, run here and now with the service's role and lookup
+        credentials: the positive marker that recovery had its chance after a given moment."""
+        return asyncio.run(_sweep_once(self.database_url, self.crm.url,
+                                       {"crm": {self.tenant: self.tokens["lookup"]}}))
+
     def read(self, topic: str, predicate: Any, *, timeout: float = 60) -> list[dict[str, Any]]:
         """Records of ``topic`` (namespaced) whose JSON value satisfies ``predicate``."""
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"read-{uuid.uuid4().hex}",
@@ -159,6 +165,27 @@ class Pipeline:
         finally:
             consumer.close()
         return found
+
+
+async def _sweep_once(database_url: str, crm_url: str,
+                      lookup_tokens: dict[str, dict[str, str]]) -> dict[uuid.UUID, str]:
+    from agentledger.connectors import base, crm
+    from agentledger.executor import reconciler
+
+    async def as_reconciler(conn: asyncpg.Connection) -> None:
+        await conn.execute("SET ROLE agentledger_reconciler")
+
+    connectors = crm.registry(crm_url)
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2, init=as_reconciler)
+    try:
+        worker = reconciler.Reconciler(pool=pool, connectors=connectors,
+                                       credentials=base.Credentials("lookup", lookup_tokens),
+                                       worker_id="test-sweep")
+        return dict(await worker.sweep())
+    finally:
+        await pool.close()
+        for connector in connectors.values():
+            await connector.aclose()
 
 
 async def _approve(database_url: str, tenant: uuid.UUID, op: uuid.UUID, approver: str) -> None:
