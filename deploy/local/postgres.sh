@@ -1,19 +1,70 @@
 #!/usr/bin/env bash
-# PostgreSQL 15 from Debian packages, own cluster under .local/pg, run as a non-root user,
-# non-default port, wal_level=logical for the relay.
-# Usage: postgres.sh start|stop|status
+# PostgreSQL 15 from Debian packages, own cluster under .local/pg (or PG_HOME_ROOT, below),
+# run as a non-root user, non-default port, wal_level=logical for the relay.
+# Usage: postgres.sh start|stop|status|where   (where: print the cluster's directory)
 source "$(dirname "$0")/common.sh"
 
-PGDIR="$LOCAL/pg"
-DATA="$PGDIR/data"
+# Absolute: as root the tools run from / (see as_pg), so a relative path would point elsewhere.
+case "$LOCAL" in /*) ;; *) LOCAL="$PWD/$LOCAL" ;; esac
+# As root the server runs as `postgres`, which cannot traverse a 0700 directory above the
+# checkout (/root, a private home). Then the cluster lives here instead, in a directory
+# `postgres` owns, and $LOCAL/pg.location records which one.
+PG_HOME_ROOT=/var/lib/agentledger
+PGDIR=""  # set by locate (stop, where) or place (start)
+DATA=""
 PG_BIN="${AGENTLEDGER_PG_BIN:-}"
 if [ -z "$PG_BIN" ]; then
   for v in 15 16 17; do [ -x "/usr/lib/postgresql/$v/bin/postgres" ] && { PG_BIN="/usr/lib/postgresql/$v/bin"; break; }; done
 fi
 
-# initdb/pg_ctl refuse to run as root: as root we run them as the `postgres` system user.
+# initdb/pg_ctl refuse to run as root: as root we run them as the `postgres` system user,
+# from / because they fail on a working directory they cannot enter.
 as_pg() {
-  if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+  if [ "$(id -u)" = 0 ]; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi
+}
+
+# Whether the server user can reach $LOCAL. As an ordinary user the server runs as you.
+reachable() {
+  [ "$(id -u)" != 0 ] || runuser -u postgres -- test -x "$LOCAL" 2>/dev/null
+}
+
+# The external directory for this $LOCAL: one per checkout path, stable across runs.
+external_dir() {
+  echo "$PG_HOME_ROOT/pg-$(printf '%s' "$(realpath -m "$LOCAL")" | sha256sum | cut -c1-16)"
+}
+
+# The cluster's directory, without creating anything: pg.location when recorded, otherwise
+# where `place` would put it (so stop also finds a server whose .local was wiped).
+locate() {
+  if [ -s "$LOCAL/pg.location" ]; then PGDIR=$(head -n 1 "$LOCAL/pg.location")
+  elif reachable; then PGDIR="$LOCAL/pg"
+  else PGDIR=$(external_dir); fi
+  DATA="$PGDIR/data"
+}
+
+# locate, and when the cluster must live outside the checkout, prepare that directory.
+place() {
+  mkdir -p "$LOCAL"
+  if [ -s "$LOCAL/pg.location" ] || reachable; then locate; return 0; fi
+  id postgres >/dev/null 2>&1 || die "no postgres system user (run: make bootstrap)"
+  local dir; dir=$(external_dir)
+  if [ -d "$dir" ]; then
+    # Recorded nowhere: left by a wiped .local or a deleted checkout at this path. A wiped
+    # .local means a fresh stack, as it does inside the checkout.
+    log "removing the unrecorded cluster $dir left by an earlier .local at this path"
+    if as_pg "$PG_BIN/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; then
+      as_pg "$PG_BIN/pg_ctl" -D "$dir/data" -m fast -w -t 60 stop >&2 \
+        || die "could not stop the server running from $dir/data"
+    fi
+    rm -rf "$dir"
+  fi
+  log "postgres cannot enter $LOCAL (a 0700 directory above it?): the cluster lives in $dir"
+  install -d -m 0755 -o root -g root "$PG_HOME_ROOT"
+  install -d -m 0700 -o postgres -g postgres "$dir"
+  echo "$dir" > "$LOCAL/pg.location"
+  # For humans only (tail .local/pg/log/server.log); postgres is only ever given the real path.
+  [ -e "$LOCAL/pg" ] || [ -L "$LOCAL/pg" ] || ln -s "$dir" "$LOCAL/pg"
+  locate
 }
 
 psql_() {
@@ -32,7 +83,7 @@ init() {
   mkdir -p "$PGDIR/run" "$PGDIR/log"
   [ "$(id -u)" = 0 ] && chown -R postgres:postgres "$PGDIR"
   local pwfile="$PGDIR/.pw"
-  printf '%s\n' "$PG_PASSWORD" > "$pwfile"
+  (umask 077 && printf '%s\n' "$PG_PASSWORD" > "$pwfile")
   [ "$(id -u)" = 0 ] && chown postgres "$pwfile"
   as_pg "$PG_BIN/initdb" -D "$DATA" -U "$PG_USER" --pwfile="$pwfile" \
       --auth=scram-sha-256 --encoding=UTF8 --locale=C.UTF-8 >&2
@@ -46,6 +97,7 @@ CONF
 
 start() {
   [ -n "$PG_BIN" ] || die "PostgreSQL server binaries not found (run: make bootstrap)"
+  place
   if ready >/dev/null 2>&1; then log "already running"; return 0; fi
   init
   if as_pg "$PG_BIN/pg_ctl" -D "$DATA" status >/dev/null 2>&1; then
@@ -65,6 +117,7 @@ start() {
 }
 
 stop() {
+  locate
   if [ -f "$DATA/postmaster.pid" ]; then
     log "stopping PostgreSQL"
     as_pg "$PG_BIN/pg_ctl" -D "$DATA" -m fast -w -t 60 stop >&2 || true
@@ -77,5 +130,6 @@ status() {
 
 case "${1:-}" in
   start) start ;; stop) stop ;; status) status ;;
-  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+  where) locate; echo "$PGDIR" ;;
+  *) echo "usage: $0 start|stop|status|where" >&2; exit 2 ;;
 esac
