@@ -97,7 +97,8 @@ async def test_late_answer_after_commit_times_out_the_client_with_one_effect(
     async with crm.client(tenant.token, timeout=CLIENT_TIMEOUT) as c:
         with pytest.raises(httpx.TimeoutException):
             await c.post(notes, json=NOTE, headers={"idempotency-key": key})
-        effects = await _effects_exactly(crm, tenant.tenant_id, 1)
+    effects = await _effects_exactly(crm, tenant.tenant_id, 1)
+    async with crm.client(tenant.token) as c:  # the short timeout was for the late answer only
         lookup = await c.get(f"/v1/operations/{key}")
 
     assert effects[0]["idempotency_key"] == key
@@ -111,13 +112,13 @@ async def test_delay_then_handles_normally(crm: Crm, tenant: Tenant) -> None:
         started = time.monotonic()
         delayed = await c.post(notes, json=NOTE)
         elapsed = time.monotonic() - started
-        started = time.monotonic()
+        async with crm.admin() as admin:
+            left = (await admin.get("/admin/faults")).json()["rules"]
         normal = await c.post(notes, json=NOTE)
-        normal_elapsed = time.monotonic() - started
 
     assert delayed.status_code == normal.status_code == 201
-    assert elapsed >= 0.4
-    assert normal_elapsed < 0.4  # times=1: the rule fired once
+    assert elapsed >= 0.4  # a lower bound only: a loaded box makes it slower, never faster
+    assert left == []  # times=1: the rule fired once and is gone (no upper bound on a timing)
     assert len(await crm.effects(tenant.tenant_id)) == 2
 
 
