@@ -105,7 +105,9 @@ async def test_executor_changes_state_but_never_payload_or_hash(
     async with repository.transaction(conn, admitted.tenant_id) as tx:
         n = await tx.execute(
             "UPDATE agent_command SET state = 'dispatching', claim_token = gen_random_uuid(), "
-            "lease_until = now() + interval '30 seconds', fencing_generation = fencing_generation + 1 "
+            # A lease outliving the module: an expired one would compete in the reconciler
+            # search test below, which reads the whole module's database.
+            "lease_until = now() + interval '1 hour', fencing_generation = fencing_generation + 1 "
             "WHERE operation_id = $1", admitted.operation_id,
         )
     assert n == "UPDATE 1"
