@@ -142,7 +142,10 @@ def unsettled(p: Pipeline, ops: Iterable[uuid.UUID]) -> dict[str, Any]:
     answers = [(a.get("status"), a.get("reason_code"), a.get("reason")) for a in answers]
     return {"missing": sorted(missing), "admission answers for the missing": answers,
             "open": {str(o): s for o, (s, _) in found.items()
-                     if s not in TERMINAL and s != "unknown"}}
+                     if s not in TERMINAL and s != "unknown"},
+            "groups": [describe_group(p, n) for n in ("admission", "executor-crm", "executor-billing")
+                       if n in p.services],
+            "logs": {n: svc.tail(15) for n, svc in p.services.items()}}
 
 
 def check(p: Pipeline, report: PointReport, ops: dict[uuid.UUID, str], baseline: int) -> PointReport:
