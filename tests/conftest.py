@@ -16,6 +16,26 @@ from agentledger import migrations, settings
 from tests import stack as stack_mod
 from tests.private_stack import private_stack  # noqa: F401 - a fixture, shared by tiers
 
+_TIER_SECONDS: dict[str, float] = {}
+_TIER_TESTS: dict[str, int] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Setup and teardown included: a tier's module fixtures (whole pipelines) are its cost.
+    parts = report.nodeid.split("/")
+    tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
+    _TIER_SECONDS[tier] = _TIER_SECONDS.get(tier, 0.0) + report.duration
+    if report.when == "call":
+        _TIER_TESTS[tier] = _TIER_TESTS.get(tier, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """What each tier cost in this run (the README's table of tier costs comes from here)."""
+    if _TIER_SECONDS:
+        terminalreporter.write_sep("-", "seconds per tier")
+        terminalreporter.write_line("  ".join(f"{tier} {_TIER_SECONDS[tier]:.0f} s ({_TIER_TESTS.get(tier, 0)})"
+                                              for tier in sorted(_TIER_SECONDS)))
+
 
 def with_database(url: str, name: str) -> str:
     """The same server URL pointing at another database."""
