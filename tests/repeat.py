@@ -3,9 +3,9 @@
     make test-repeat N=5                                  # integration, e2e and chaos
     make test-repeat N=10 TIERS="tests/e2e tests/chaos"   # or any pytest paths
 
-The local stack is started once (deploy/local/stack.sh, as the suite would) and every run
-reuses it through AGENTLEDGER_DATABASE_URL / AGENTLEDGER_KAFKA_BOOTSTRAP; it is stopped at
-the end only if this command started it. Each run is its own pytest process (fresh module
+The stack is chosen once, as the suite chooses it (tests/stack.py: local processes started
+if needed and stopped at the end only if this command started them), and every run reuses it
+through AGENTLEDGER_DATABASE_URL / AGENTLEDGER_KAFKA_BOOTSTRAP. Each run is its own pytest process (fresh module
 fixtures, fresh databases and topics) writing a JUnit XML report; the reports of every run
 and the output of the failing ones stay in reports/repeat/ for diagnosis. The table lists,
 per test, passes, failures and skips over the runs and the slowest duration; the exit code
@@ -28,6 +28,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests import stack as stack_mod
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "reports" / "repeat"
 DEFAULT_TIERS = ["tests/integration", "tests/e2e", "tests/chaos"]
@@ -40,25 +42,6 @@ class Tally:
     skipped: int = 0
     slowest: float = 0.0
     failed_runs: list[int] = field(default_factory=list)
-
-
-def _read_env(path: Path) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        if line.startswith("export ") and "=" in line:
-            key, value = line.removeprefix("export ").split("=", 1)
-            env[key] = value
-    return env
-
-
-def _stack_up() -> tuple[dict[str, str], bool]:
-    """The stack's two variables, and whether this command had to start it."""
-    if os.environ.get("AGENTLEDGER_DATABASE_URL") and os.environ.get("AGENTLEDGER_KAFKA_BOOTSTRAP"):
-        return {}, False
-    script = ROOT / "deploy" / "local" / "stack.sh"
-    was_up = subprocess.run(["bash", str(script), "status"], capture_output=True).returncode == 0
-    subprocess.run(["bash", str(script), "up"], check=True)
-    return _read_env(ROOT / ".local" / "env"), not was_up
 
 
 def _cases(report: Path) -> list[ET.Element]:
@@ -122,10 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     for old in OUT.glob("run-*"):
         old.unlink()
-    stack_env, started = _stack_up()
-    env = {**os.environ, **stack_env}
     reports: list[Path] = []
-    try:
+    # The suite's own choice of stack (given URLs, Docker, or the local processes, started if
+    # needed and stopped after only if this started them), shared by every run.
+    with stack_mod.choose() as chosen:
+        env = {**os.environ, "AGENTLEDGER_DATABASE_URL": chosen.database_url,
+               "AGENTLEDGER_KAFKA_BOOTSTRAP": chosen.kafka_bootstrap}
         for run in range(1, args.runs + 1):
             report, log = OUT / f"run-{run}.xml", OUT / f"run-{run}.log"
             began = time.monotonic()
@@ -140,9 +125,6 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
             if rc == 0:
                 log.unlink()  # keep the output of failing runs only
-    finally:
-        if started:
-            subprocess.run(["bash", str(ROOT / "deploy" / "local" / "stack.sh"), "down"], check=False)
     tallies: dict[str, Tally] = {}
     tally(reports, tallies)
     print(table(tallies, args.runs))

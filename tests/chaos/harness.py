@@ -47,6 +47,9 @@ CHAOS_ENV: dict[str, dict[str, str]] = {
     "reconciler": {"AGENTLEDGER_RECONCILER_PERIOD_S": "0.5",
                    "AGENTLEDGER_RECONCILER_LEASE_S": "3"},
 }
+# An admission killed before its commit N times redelivers the same first proposal N times:
+# its envelope must outlive all the kills (~2 s each; ingress' 300 s covers N=20, not N=200).
+ENVELOPE_TTL_S = max(300, KILLS * 10)
 # Lease + reconciler period + a relay and executor round, with room for a loaded 2-core box.
 SETTLE_S = 90.0
 
@@ -208,7 +211,7 @@ def table(data: dict[str, Any]) -> str:
 
 def note(p: Pipeline, ops: dict[uuid.UUID, str]) -> Callable[[], uuid.UUID]:
     def submit() -> uuid.UUID:
-        op = p.propose("crm.note.create", {"body": f"chaos {len(ops)}"})
+        op = p.propose("crm.note.create", {"body": f"chaos {len(ops)}"}, envelope_ttl_s=ENVELOPE_TTL_S)
         ops[op] = "note"
         return op
     return submit

@@ -90,7 +90,8 @@ class Pipeline:
 
     def propose(self, action: str, arguments: dict[str, Any], *, operation_id: uuid.UUID | None = None,
                 expected_revision: str | None = None, tenant: str | None = None,
-                evidence: list[dict[str, Any]] | None = None) -> uuid.UUID:
+                evidence: list[dict[str, Any]] | None = None,
+                envelope_ttl_s: int | None = None) -> uuid.UUID:
         """Publish a signed proposal (default: the first tenant's customer, by user:alice)."""
         op = operation_id or uuid.uuid4()
         tenant = tenant or self.tenant
@@ -101,7 +102,7 @@ class Pipeline:
                 "target": customer, "expected_revision": expected_revision,
                 "planner": {"name": "e2e"}, "created_at": datetime.now(UTC).isoformat(),
                 **({"evidence": evidence} if evidence is not None else {})}
-        body = identities.sign(body)
+        body = identities.sign(body, ttl_s=envelope_ttl_s)
         p = self.producer()
         p.produce(self.topic("agent.proposals.v1"), key=tenant.encode(), value=json.dumps(body).encode(),
                   headers=[("traceparent", f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01".encode())])

@@ -18,9 +18,12 @@ ENVELOPE_KEYS = {KID: PUBLIC_PEM}
 KEYSET = identity.KeySet.from_pem(ENVELOPE_KEYS)
 
 
-def sign(proposal: dict[str, Any], *, request_id: uuid.UUID | None = None) -> dict[str, Any]:
-    """The proposal with an envelope binding its tenant, principal and operation id."""
-    envelope = SIGNER.sign(
+def sign(proposal: dict[str, Any], *, request_id: uuid.UUID | None = None,
+         ttl_s: int | None = None) -> dict[str, Any]:
+    """The proposal with an envelope binding its tenant, principal and operation id
+    (valid ``ttl_s`` seconds, default ingress' lifetime)."""
+    signer = SIGNER if ttl_s is None else identity.EnvelopeSigner(PRIVATE_PEM, KID, ttl_s=ttl_s)
+    envelope = signer.sign(
         tenant_id=uuid.UUID(str(proposal["tenant_id"])), principal_id=proposal["principal_id"],
         operation_id=uuid.UUID(str(proposal["operation_id"])),
         request_id=request_id or uuid.uuid4())
