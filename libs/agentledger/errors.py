@@ -141,6 +141,15 @@ class AccessDenied(StorageError):
     retryable = False
 
 
+class DataRejected(StorageError):
+    """The database refused the data itself (a data or integrity constraint error)."""
+
+    # Not retryable: SQLSTATE classes 22 and 23 are properties of the statement and its
+    # values; redelivering the same message fails the same way forever (a stalled partition).
+    code = "data_rejected"
+    retryable = False
+
+
 class StaleRevision(ValidationFailed):
     """The target changed since the proposal was made: a new proposal is needed (R2.5)."""
 

@@ -70,6 +70,14 @@ class KeyReused(CrmError):
     code = "idempotency_key_reused"
 
 
+class UnstorableInput(CrmError):
+    """The request holds data the database refuses (a NUL character, a value out of range)."""
+
+    # A refusal of bad input, not an outage: a 503 would have the caller retry it forever.
+    status = 422
+    code = "unstorable_input"
+
+
 class StorageError(CrmError):
     """The CRM's database could not complete the operation."""
 

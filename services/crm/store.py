@@ -44,6 +44,8 @@ _DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, Timeou
 def _translated() -> Iterator[None]:
     try:
         yield
+    except asyncpg.DataError as exc:  # SQLSTATE class 22: the same input fails every time
+        raise errors.UnstorableInput() from exc
     except _DRIVER_ERRORS as exc:
         raise errors.StorageError() from exc
 

@@ -114,6 +114,27 @@ def proposal(world: World, tenant_index: int = 0, **overrides: Any) -> dict[str,
     return body
 
 
+def dead_letter_of(world: World, proposal_id: str) -> dict[str, Any]:
+    """The dead-letter record of the proposal ``proposal_id`` (fails after a deadline)."""
+    consumer = Consumer({"bootstrap.servers": world.stack.kafka_bootstrap, "group.id": f"t-{uuid.uuid4().hex}",
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe([topics.dlq_topic(world.proposals)])
+    found: list[dict[str, Any]] = []
+
+    def poll() -> bool:
+        msg = consumer.poll(0.5)
+        if msg is not None and msg.error() is None:
+            record = json.loads(msg.value())
+            if proposal_id in base64.b64decode(record["value_b64"]).decode(errors="replace"):
+                found.append(record)
+        return bool(found)
+    try:
+        assert wait_until(poll, timeout=60, interval=0), f"proposal {proposal_id} not dead-lettered"
+    finally:
+        consumer.close()
+    return found[0]
+
+
 async def _rows(url: str, sql: str, *args: Any) -> list[asyncpg.Record]:
     conn = await asyncpg.connect(url)
     try:
@@ -186,21 +207,8 @@ async def test_bad_proposals_are_rejected_and_nothing_is_written(
     world.send(p)
     if case == "unknown_field":
         # Unparseable against the closed schema: dead-lettered with the reason, never admitted.
-        consumer = Consumer({"bootstrap.servers": world.stack.kafka_bootstrap, "group.id": f"t-{uuid.uuid4().hex}",
-                             "auto.offset.reset": "earliest"})
-        consumer.subscribe([topics.dlq_topic(world.proposals)])
-        found: list[dict[str, Any]] = []
-
-        def poll() -> bool:
-            msg = consumer.poll(0.5)
-            if msg is not None and msg.error() is None:
-                record = json.loads(msg.value())
-                if p["proposal_id"] in base64.b64decode(record["value_b64"]).decode():
-                    found.append(record)
-            return bool(found)
-        assert wait_until(poll, timeout=60, interval=0), "poison message not dead-lettered"
-        consumer.close()
-        assert found[0]["error_code"] == expected_code and "tenant_override" in found[0]["reason"]
+        found = dead_letter_of(world, p["proposal_id"])
+        assert found["error_code"] == expected_code and "tenant_override" in found["reason"]
     else:
         result = world.result_for(p["proposal_id"])
         assert (result["status"], result["reason_code"]) == ("rejected", expected_code), result
@@ -297,3 +305,27 @@ async def test_fifty_parallel_steps_against_ten_tool_calls_admit_exactly_ten(wor
     audited = await _rows(world.database_url, "SELECT count(*) AS n FROM event_outbox WHERE type='budget.exhausted' "
                           "AND payload->>'workflow_id' = $1", str(request_id))
     assert audited[0]["n"] == 40
+
+
+@pytest.mark.parametrize("where", ["planner.name", "evidence.excerpt", "argument key"])
+async def test_a_nul_character_is_dead_lettered_and_the_partition_moves_on(world: World, where: str) -> None:
+    # Issue 17: a NUL (U+0000) that Postgres cannot store made the audit write fail, which
+    # was taken for an outage and redelivered forever; the next proposal of the same key
+    # (same partition) was never admitted.
+    bad = proposal(world)
+    if where == "planner.name":
+        bad["planner"] = {"name": "rules\u0000"}
+    elif where == "evidence.excerpt":
+        bad["evidence"] = [{"ref": "E1", "source": "crm:customers/cust-a", "sha256": "0" * 64,
+                            "fetched_at": datetime.now(UTC).isoformat(), "excerpt": "Ada\u0000"}]
+    else:
+        bad["arguments"] = {"customer_id": "cust-a", "body\u0000": "hello"}
+    good = proposal(world)
+    key = f"nul-{uuid.uuid4().hex}"
+    world.send(bad, key=key)
+    world.send(good, key=key)
+    assert world.result_for(good["proposal_id"])["status"] == "admitted"
+    found = dead_letter_of(world, bad["proposal_id"])
+    assert found["error_code"] == "poison_message" and "U+0000" in found["reason"], found
+    assert not await _rows(world.database_url, "SELECT 1 FROM agent_command WHERE operation_id=$1",
+                           uuid.UUID(bad["operation_id"]))

@@ -230,3 +230,35 @@ def test_unparseable_file_is_refused(tmp_path: Path) -> None:
     path.write_text("{not json")
     with pytest.raises(errors.ValidationFailed, match="JSON"):
         allowlist.Allowlist.load(path)
+
+
+# --- control characters (issue 17) ----------------------------------------------------------
+
+@pytest.mark.parametrize(("body", "path"), [
+    ("clear \x1b[2J the screen", "/body"),        # ESC: a terminal reads it as a command
+    ("pay \u202eRUE 0009\u202c", "/body"),        # a bidi override: reads other than it is stored
+    ("a\x00b", "/body"),
+    ("next line\x85", "/body"),                   # C1 control
+])
+def test_control_and_bidi_characters_are_refused_by_default(body: str, path: str) -> None:
+    with pytest.raises(errors.InvalidArguments) as refused:
+        ALLOWLIST.get("crm.note.create").validate({"customer_id": "c-1", "body": body})
+    violations = refused.value.details["violations"]
+    assert violations == [{"path": path, "message": "holds a control or bidirectional formatting character"}]
+    assert body not in str(refused.value.to_dict())
+
+
+def test_tabs_newlines_and_ordinary_unicode_pass() -> None:
+    text = "Line one\n\tLine two\r\nGrüße, 東京, emoji 🙂, right-to-left: שלום"
+    assert ALLOWLIST.get("crm.note.create").validate({"customer_id": "c-1", "body": text})["body"] == text
+
+
+def test_an_action_may_declare_that_it_needs_control_characters() -> None:
+    document = shipped()
+    note = next(a for a in document["actions"] if a["name"] == "crm.note.create")
+    note["allows_control_characters"] = True
+    loaded = allowlist.Allowlist.from_document(document)
+    assert loaded.get("crm.note.create").validate({"customer_id": "c-1", "body": "bell \x07"})
+    assert loaded.version != ALLOWLIST.version  # a declared change of content is a new version
+    with pytest.raises(errors.InvalidArguments):  # other actions keep refusing them
+        loaded.get("billing.refund.create").validate({**VALID["billing.refund.create"], "reason": "\x1b[1m"})

@@ -5,10 +5,13 @@ from __future__ import annotations
 import base64
 import json
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from agentledger import errors
@@ -22,6 +25,7 @@ from agentledger.contracts import (
     proposals,
     topics,
 )
+from agentledger.kafka import handling
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -339,3 +343,63 @@ def test_exec_request_carries_admitted_or_requeued_only() -> None:
         assert ExecRequestV1.model_validate_json(json.dumps({**ids, "type": kind})).type == kind
     with pytest.raises(ValidationError):
         ExecRequestV1.model_validate_json(json.dumps({**ids, "type": "command.delete_everything"}))
+
+
+# --- text the ledger cannot store (issue 17) -------------------------------------------------
+
+FREE_TEXT: list[tuple[str, Any]] = [  # where a caller's text lands in a proposal
+    ("planner.name", lambda t: {"planner": {"name": "p" + t}}),
+    ("planner.model", lambda t: {"planner": {"name": "rules", "model": "m" + t}}),
+    ("arguments.body", lambda t: {"arguments": {"customer_id": "c1", "body": t}}),
+    ("arguments key", lambda t: {"arguments": {"customer_id": "c1", "body" + t: "x"}}),
+    ("nested argument", lambda t: {"arguments": {"customer_id": "c1", "changes": {"a": [t]}}}),
+    ("evidence_refs", lambda t: {"evidence_refs": ["r" + t]}),
+    ("evidence.excerpt", lambda t: {"evidence": [{"ref": "E1", "source": "crm:c1", "sha256": "0" * 64,
+                                                  "fetched_at": NOW.isoformat(), "excerpt": t}]}),
+    ("evidence.source", lambda t: {"evidence": [{"ref": "E1", "source": "s" + t, "sha256": "0" * 64,
+                                                 "fetched_at": NOW.isoformat(), "excerpt": ""}]}),
+]
+
+
+@pytest.mark.parametrize(("where", "mutate"), FREE_TEXT, ids=[w for w, _ in FREE_TEXT])
+def test_a_nul_anywhere_in_a_proposal_is_a_validation_error_naming_no_value(where: str, mutate: Any) -> None:
+    raw = json.dumps(proposal(**mutate("secret\u0000")))
+    with pytest.raises(ValidationError) as refused:
+        proposals.ProposalV1.model_validate_json(raw)
+    poison = handling.classify(refused.value)  # what the DLQ record and the log carry
+    assert poison.code == "poison_message" and not poison.retryable
+    assert "U+0000" in poison.message and "secret" not in poison.message
+
+
+@given(st.text(max_size=50))
+@settings(max_examples=300, deadline=None)
+def test_whatever_text_a_proposal_accepts_the_ledger_can_store(text: str) -> None:
+    for _, mutate in FREE_TEXT:
+        try:
+            accepted = proposals.ProposalV1.model_validate_json(json.dumps(proposal(**mutate(text))))
+        except ValidationError:
+            continue
+        for value in _strings(accepted.model_dump(mode="json", by_alias=True)):
+            assert "\x00" not in value
+            value.encode("utf-8")  # raises on a lone surrogate
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string of a JSON-like value, keys included."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def test_a_dead_letter_of_a_nul_key_and_reason_still_builds() -> None:
+    record = dlq.DeadLetterV1.from_raw(
+        topic="agent.proposals.v1", partition=0, offset=7, key=b"tenant\x00x", value=b'{"a":"\\u0000"}',
+        error=errors.PoisonMessage("bad \x00 input"), failed_at=NOW)
+    assert (record.key_encoding, record.key_bytes()) == ("base64", b"tenant\x00x")
+    assert "\x00" not in record.reason

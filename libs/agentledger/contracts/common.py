@@ -24,16 +24,50 @@ from pydantic import (
     Strict,
     StringConstraints,
     field_validator,
+    model_validator,
 )
 
 # Frozen: a message or command is a fact once built; nobody edits it in place (R2.5).
 MODEL_CONFIG: Final = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+# What no text or jsonb column can hold: U+0000 (SQLSTATE 22021/22P05) and lone surrogates
+# (not encodable as UTF-8). A message carrying one would be refused by the first write, after
+# its checks ran; refused here, it is a typed validation error at the boundary instead.
+UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
+
+
+def unstorable_path(value: object, path: str = "") -> str | None:
+    """Where in a JSON-like ``value`` (strings, keys, lists, dicts) unstorable text sits."""
+    if isinstance(value, str):
+        return path or "<value>" if UNSTORABLE.search(value) else None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            where = (f"{path}.<key>" if isinstance(key, str) and UNSTORABLE.search(key)
+                     else unstorable_path(item, f"{path}.{key}" if path else str(key)))
+            if where:
+                return where
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            if where := unstorable_path(item, f"{path}[{i}]"):
+                return where
+    return None
+
+
 class Contract(BaseModel):
-    """Base of every agentledger message model: unknown fields rejected, strict, frozen."""
+    """Base of every agentledger message model: unknown fields rejected, strict, frozen,
+    and no text the ledger could not store (U+0000, lone surrogates)."""
 
     model_config = MODEL_CONFIG
+
+    @model_validator(mode="after")
+    def _storable_text(self) -> Self:
+        # Nested contracts ran this check on themselves; only this model's own values here.
+        for name, value in self:
+            where = unstorable_path(value, name)
+            if where:
+                raise ValueError(f"{where}: U+0000 or a lone surrogate cannot be stored")
+        return self
 
 
 TenantId = Annotated[UUID, Strict(False)]

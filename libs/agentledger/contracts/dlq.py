@@ -85,7 +85,10 @@ class DeadLetterV1(common.Contract):
                 text_key = key.decode("utf-8")
             except UnicodeDecodeError:
                 text_key = None
-            if text_key is None or len(text_key) > MAX_KEY_CHARS:
+            # A key the ledger could not store as text travels as bytes: the dead-letter
+            # record must always build, or the poison message would stall its partition.
+            if (text_key is None or len(text_key) > MAX_KEY_CHARS
+                    or common.UNSTORABLE.search(text_key)):
                 encoding = "base64"
                 key_truncated = len(key) > _MAX_KEY_BYTES_B64
                 text_key = base64.b64encode(key[:_MAX_KEY_BYTES_B64]).decode("ascii")
@@ -101,7 +104,7 @@ class DeadLetterV1(common.Contract):
             value_truncated=len(raw) > MAX_VALUE_BYTES,
             value_size=len(raw),
             error_code=error.code,
-            reason=(error.message or error.code)[:MAX_REASON_CHARS],
+            reason=common.UNSTORABLE.sub("\ufffd", error.message or error.code)[:MAX_REASON_CHARS],
             failed_at=failed_at,
         )
 

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 from uuid import UUID
 
 import asyncpg
@@ -30,6 +30,24 @@ Q = sql.load(Path(__file__).with_name("queries.sql"))
 # Admission and claims are a handful of short statements; anything slower is a stuck lock
 # or an overloaded server, and holding the transaction open longer only makes it worse.
 DEFAULT_TX_TIMEOUT_S = 5.0
+
+
+# SQLSTATE classes the data itself causes: 22 data exception (e.g. 22P05, a NUL in text or
+# jsonb), 23 integrity constraint violation. Every other failure (connection, timeout,
+# serialization, resources) may pass when tried again.
+DATA_SQLSTATE_CLASSES: Final = frozenset({"22", "23"})
+
+
+def storage_error(exc: asyncpg.PostgresError) -> errors.StorageError:
+    """The one translation of a driver error: refused for this role, refused for its data
+    (both final), or a failure worth retrying."""
+    sqlstate = exc.sqlstate or ""
+    if isinstance(exc, asyncpg.InsufficientPrivilegeError):
+        return errors.AccessDenied(str(exc), sqlstate=sqlstate)
+    if sqlstate[:2] in DATA_SQLSTATE_CLASSES:
+        return errors.DataRejected(str(exc), sqlstate=sqlstate)
+    return errors.StorageError(str(exc), sqlstate=sqlstate)
+
 
 AdmitStatus = Literal["admitted", "replayed", "conflict"]
 
@@ -49,6 +67,7 @@ async def transaction(
 
     Raises:
         AccessDenied: privileges or row security refused a statement.
+        DataRejected: the data itself was refused (SQLSTATE class 22 or 23); not retryable.
         StorageError: any other database failure (retryable).
     """
     try:
@@ -60,10 +79,8 @@ async def transaction(
                 if tenant_id is not None:
                     await conn.execute(Q["bind_tenant"], str(tenant_id))
                 yield conn
-    except asyncpg.InsufficientPrivilegeError as exc:
-        raise errors.AccessDenied(str(exc), sqlstate=exc.sqlstate) from exc
     except asyncpg.PostgresError as exc:
-        raise errors.StorageError(str(exc), sqlstate=exc.sqlstate) from exc
+        raise storage_error(exc) from exc
     except (TimeoutError, OSError, asyncpg.InterfaceError) as exc:
         raise errors.StorageError(f"ledger transaction failed: {exc!r}") from exc
 

@@ -21,7 +21,7 @@ import httpx
 from opentelemetry import trace
 
 from agentledger import errors
-from agentledger.contracts import proposals
+from agentledger.contracts import common, proposals
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("agentledger.planning.retrieval")
@@ -62,7 +62,9 @@ class Snapshot:
 def evidence_item(ref: str, source: str, content: bytes, fetched_at: datetime
                   ) -> proposals.EvidenceItem:
     """Snapshot one piece of content: full-content hash, bounded excerpt."""
-    text = content.decode("utf-8", errors="replace")
+    # Untrusted content is shown, never stored verbatim where it cannot be: a NUL becomes
+    # U+FFFD in the excerpt (the hash still covers the content as fetched).
+    text = common.UNSTORABLE.sub("\ufffd", content.decode("utf-8", errors="replace"))
     limit = proposals.MAX_EXCERPT_CHARS
     return proposals.EvidenceItem(
         ref=ref, source=source[:256], sha256=hashlib.sha256(content).hexdigest(),

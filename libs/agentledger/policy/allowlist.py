@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 import types
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,11 @@ Risk = Literal["low", "medium", "high"]
 MAX_VIOLATIONS: Final = 20
 # Property names and paths come from the caller; cut them so an error never echoes a payload.
 _MAX_NAME_CHARS: Final = 64
+# Characters no argument carries unless its action declares `allows_control_characters`: C0
+# controls but tab, newline and carriage return, DEL and C1 controls (a terminal reads some
+# as commands), and the bidirectional overrides and isolates that make text shown to an
+# approver read differently from what is stored (U+202A-202E, U+2066-2069).
+_CONTROL: Final = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def _strict_integer(_checker: object, instance: object) -> bool:
@@ -65,6 +71,7 @@ _FILE_SCHEMA: Final[dict[str, Any]] = {
                     "connector": {"type": "string", "pattern": r"^[a-z][a-z0-9_]{0,31}$"},
                     "risk": {"enum": ["low", "medium", "high"]},
                     "requires_revision": {"type": "boolean"},
+                    "allows_control_characters": {"type": "boolean"},
                     "description": {"type": "string", "minLength": 1, "maxLength": 1000},
                     "arguments": {"type": "object"},
                 },
@@ -165,6 +172,19 @@ def _describe(error: jsonschema.ValidationError) -> str:
     return f"violates {keyword}"
 
 
+def _control_paths(value: object, path: str) -> Iterator[str]:
+    """JSON pointers (cut like every caller-given name) of the strings holding `_CONTROL`."""
+    if isinstance(value, str):
+        if _CONTROL.search(value):
+            yield path or "/"
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _control_paths(item, f"{path}/{_cut(str(key))}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _control_paths(item, f"{path}/{i}")
+
+
 def _pointer(error: jsonschema.ValidationError) -> str:
     return "/" + "/".join(_cut(str(part)) for part in error.absolute_path)
 
@@ -179,6 +199,8 @@ class ActionSpec:
         risk: ``low``, ``medium`` or ``high``; policy uses it to decide on approval (R2.9).
         requires_revision: Whether a proposal must carry the target's expected revision,
             sent as a precondition at dispatch (R2.7).
+        allows_control_characters: Whether its string arguments may hold control and
+            bidirectional formatting characters (refused by default).
         description: What the action does, for planners and the approval console.
         schema: The closed JSON Schema of its arguments.
         allowlist_version: The version of the allowlist this spec comes from.
@@ -192,6 +214,7 @@ class ActionSpec:
     schema: Mapping[str, Any]
     allowlist_version: str
     _validator: Any = field(repr=False, compare=False)
+    allows_control_characters: bool = False
 
     def validate(self, arguments: Mapping[str, object]) -> dict[str, Any]:
         """Check arguments against the closed schema (Draft 2020-12, formats asserted).
@@ -208,10 +231,13 @@ class ActionSpec:
         """
         found = sorted(self._validator.iter_errors(arguments),
                        key=lambda e: [str(part) for part in e.path])
-        if found:
+        controls = [] if self.allows_control_characters else list(_control_paths(arguments, ""))
+        if found or controls:
             # jsonschema reports each missing required property separately, all described
             # by one message here; keep one copy of each.
             unique = {(_pointer(e), _describe(e)): None for e in found}
+            unique |= {(path, "holds a control or bidirectional formatting character"): None
+                       for path in controls}
             violations = [{"path": path, "message": message}
                           for path, message in list(unique)[:MAX_VIOLATIONS]]
             raise errors.InvalidArguments(
@@ -311,6 +337,7 @@ class Allowlist:
                 connector=entry["connector"],
                 risk=entry["risk"],
                 requires_revision=entry["requires_revision"],
+                allows_control_characters=entry.get("allows_control_characters", False),
                 description=entry["description"],
                 schema=types.MappingProxyType(frozen_schema),
                 allowlist_version=version,

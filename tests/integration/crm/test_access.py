@@ -156,3 +156,15 @@ async def test_cli_seed_creates_a_customer_and_a_working_token(crm: Crm) -> None
     assert record.json()["display_name"] == "Ada Lovelace"
     assert write.status_code == 403
     assert seeded["token"] not in stderr.decode()
+
+
+async def test_text_the_database_cannot_store_is_refused_with_a_422_not_an_outage(crm: Crm) -> None:
+    # Issue 17: a NUL in a note body made the CRM's database refuse the write and the CRM
+    # answer 503, which a client (the executor) reads as "in doubt" and retries without end.
+    t = await crm.new_tenant()
+    async with crm.client(t.token) as c:
+        refused = await c.post(f"/v1/customers/{t.customer_id}/notes", json={"body": "a\u0000b"},
+                               headers={"idempotency-key": f"op-{uuid.uuid4()}"})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["code"] == "unstorable_input"
+    assert await crm.effects(t.tenant_id) == []
