@@ -54,7 +54,7 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
             cipher=keys.PayloadCipher(crypto.MasterKey.from_b64(cfg.master_key.get_secret_value())),
             authorizer=policy_repo.CedarAuthorizer(), allowlist=rules,
             worker_id=cfg.worker_id or f"executor-{socket.gethostname()}-{os.getpid()}",
-            lease_s=cfg.lease_s,
+            lease_s=cfg.lease_s, max_generations=cfg.max_generations,
         ), running, topic=topic, group_id=group, group_instance_id=cfg.group_instance_id,
             session_timeout_ms=cfg.session_timeout_ms)
 

@@ -30,6 +30,9 @@ class ExecutorSettings(BaseSettings):
     # 300 commands/s at 200 ms with room, and bounds memory and CRM connections.
     max_in_flight: int = 64
     lease_s: float = 60.0
+    # The retry cap (ledger.dispatch.MAX_GENERATIONS): one variable for executor and reconciler,
+    # which must agree on it, so it has no service prefix.
+    max_generations: int = Field(default=10, ge=2, validation_alias="AGENTLEDGER_MAX_GENERATIONS")
     # Graceful shutdown waits this long for in-flight calls before leaving them to the
     # reconciler; shorter than a Kubernetes termination grace period (90 s in deploy/k8s).
     drain_s: float = 45.0

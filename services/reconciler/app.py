@@ -31,7 +31,8 @@ async def run(cfg: ReconcilerSettings | None = None) -> None:
     worker = reconciler.Reconciler(pool=pool, connectors=connectors,
                                    credentials=base.Credentials("lookup", cfg.lookup_tokens),
                                    worker_id=cfg.worker_id, lease_s=cfg.lease_s,
-                                   stranded_after_s=cfg.stranded_after_s)
+                                   stranded_after_s=cfg.stranded_after_s,
+                                   max_generations=cfg.max_generations)
     log.info("event=reconciler_started period_s=%s", cfg.period_s)
     try:
         while not stop.is_set():

@@ -20,6 +20,9 @@ class ReconcilerSettings(BaseSettings):
     batch: int = 100
     # A lookup is one read; the lease covers it and the bookkeeping.
     lease_s: float = 30.0
+    # The retry cap (ledger.dispatch.MAX_GENERATIONS): one variable for executor and reconciler,
+    # which must agree on it, so it has no service prefix.
+    max_generations: int = Field(default=10, ge=2, validation_alias="AGENTLEDGER_MAX_GENERATIONS")
     worker_id: str = "reconciler"
     # A command pending this long with no obligation left in the outbox was published and
     # never claimed (its record was lost, or no executor consumes it): it is republished.

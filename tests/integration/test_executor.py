@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 
 import asyncpg
@@ -292,3 +293,67 @@ async def test_a_command_whose_record_was_lost_is_republished_once_then_dispatch
     assert await worker.complete(begun.claim) == "succeeded"
     notes = [n for n in await world.effects(t, "note.created") if n["idempotency_key"] == str(lost)]
     assert len(notes) == 1
+
+
+async def test_a_command_that_never_gets_an_answer_stops_at_the_retry_cap(world: World) -> None:
+    # Issue 17: a provider answering 5xx to every send of a request, and a lookup that never
+    # finds it, made dispatch -> unknown -> lookup -> requeue loop without end (363 attempts
+    # in 105 s). Past the cap of fencing generations the command is held for an operator.
+    t = await world.tenant()
+    op = await world.admit(t, NOTE, {"body": "never answered"})
+    await world.crm.arm({"match": {"method": "POST", "path_prefix": f"/v1/customers/{t.customer_id}/notes"},
+                         "action": "fail_before_commit", "times": None})
+    cap = 4
+    worker, recovery = world.dispatcher(), world.reconciler()
+    worker.max_generations = recovery.max_generations = cap
+    rounds = 0
+    while (await world.row(t, op))["fencing_generation"] < cap and rounds < 2 * cap:  # bounded
+        rounds += 1
+        begun = await worker.begin(t.tenant_id, op)
+        if begun.claim is not None:
+            assert await worker.complete(begun.claim) == "unknown"
+        await recovery.sweep()
+
+    row = await world.row(t, op)
+    assert (row["state"], row["fencing_generation"]) == ("unknown", cap), dict(row)
+    assert row["outcome_reason"].startswith(f"retry cap: {cap} dispatch generations"), row["outcome_reason"]
+    # The marker that recovery had its chance: a whole sweep after the cap leaves it alone,
+    # and the executor finds nothing to claim.
+    assert op not in await recovery.sweep()
+    assert (await worker.begin(t.tenant_id, op)).claim is None
+    row = await world.row(t, op)
+    assert (row["state"], row["fencing_generation"]) == ("unknown", cap)
+    async with world.owner.acquire() as conn:
+        attempts = await dispatch.attempts(conn, t.tenant_id, op)
+        capped = await conn.fetchval("SELECT count(*) FROM audit_event WHERE operation_id = $1 "
+                                     "AND type = 'command.unknown' AND payload->>'reason' LIKE 'retry cap%'", op)
+    # Two executor generations of three sends each, two lookups: bounded, and nothing created.
+    assert len(attempts) == 8, [(a["kind"], a["result"]) for a in attempts]
+    assert capped == 1
+    assert await world.effects(t, "note.created") == []
+
+
+async def test_a_record_on_the_wrong_topic_is_never_claimed_by_a_worker_without_its_connector(
+    world: World,
+) -> None:
+    # Issue 17: with the billing executor down, a record on exec.crm.v1 naming a billing
+    # command was claimed by the crm executor, which failed on the connector it lacks; the
+    # reconciler then recorded `unknown` although nothing was sent.
+    t = await world.tenant()
+    op = await world.admit(t, REFUND, {"invoice_id": "inv-w", "amount_minor": 700, "currency": "EUR",
+                                       "reason": "wrong topic"})
+    crm_only = dataclasses.replace(world.dispatcher(), connectors={"crm": world.connectors["crm"]})
+    begun = await crm_only.begin(t.tenant_id, op)
+    assert (begun.disposition, begun.claim) == ("foreign", None)
+    async with world.pool.acquire() as conn:  # the claim statement refuses it by itself too
+        assert await dispatch.claim(conn, t.tenant_id, op, worker_id="w-crm", lease_s=60,
+                                    connectors=["crm"]) is None
+        assert await dispatch.attempts(conn, t.tenant_id, op) == []
+    row = await world.row(t, op)
+    assert (row["state"], row["fencing_generation"]) == ("pending", 0)
+    assert op not in await world.reconciler().sweep()  # nothing to recover: nobody claimed it
+    # The executor of its connector dispatches it as usual.
+    begun = await world.dispatcher().begin(t.tenant_id, op)
+    assert begun.claim is not None
+    assert await world.dispatcher().complete(begun.claim) == "succeeded"
+    assert len(await world.effects(t, "refund.created")) == 1

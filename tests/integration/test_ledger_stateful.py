@@ -68,7 +68,8 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(target=claims, op=commands, worker=st.sampled_from(["w1", "w2"]))
     def claim(self, op: uuid.UUID, worker: str) -> dispatch.Claim | None:
         before = self.state(op)
-        held = self.run(dispatch.claim(self.conn, self.tenant, op, worker_id=worker, lease_s=60))
+        held = self.run(dispatch.claim(self.conn, self.tenant, op, worker_id=worker, lease_s=60,
+                                       connectors=["crm"]))
         assert (held is not None) == (before == "pending"), before
         if held is not None:
             assert held.generation > self.generation.get(op, 0)

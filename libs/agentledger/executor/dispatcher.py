@@ -45,7 +45,7 @@ RESENDS = 2
 # A refused connection proves nothing was sent; retry it this often before handing back.
 NOT_SENT_RETRIES = 3
 
-Disposition = Literal["claimed", "terminal", "held", "missing"]
+Disposition = Literal["claimed", "terminal", "held", "missing", "foreign"]
 TERMINAL = frozenset({"succeeded", "denied", "expired", "review_required", "failed"})
 # Bounded names of what a call returned (span attribute and metric label).
 _RESULTS: dict[type, str] = {
@@ -74,6 +74,7 @@ class Dispatcher:
     allowlist: allowlist_mod.Allowlist
     worker_id: str
     lease_s: float = LEASE_S
+    max_generations: int = dispatch.MAX_GENERATIONS
     # The dispatch span opened by ``begin`` for a claim (by attempt id), closed by ``complete``.
     _spans: dict[UUID, Span] = field(default_factory=dict, init=False, repr=False)
 
@@ -119,9 +120,13 @@ class Dispatcher:
             if row["state"] in TERMINAL:
                 # Redelivery of a finished command: its recorded result stands (R5.7).
                 return Begun("terminal", state=row["state"])
+            if row["connector"] not in self.connectors:
+                # A record on the wrong topic: the command stays pending for the executor of
+                # its connector, which gets its own record (the claim refuses it too).
+                return Begun("foreign", state=row["state"])
             held = await dispatch.claim(
                 conn, tenant_id, operation_id, worker_id=self.worker_id, lease_s=self.lease_s,
-                traceparent=traceparent,
+                traceparent=traceparent, connectors=list(self.connectors),
             )
         if held is None:
             return Begun("held", state=row["state"])
@@ -270,8 +275,13 @@ class Dispatcher:
                                      traceparent=traceparent)
                 state = "denied"
             elif isinstance(result, base.NotSent):
-                await dispatch.requeue(conn, held, reason=result.reason, traceparent=traceparent)
-                state = "pending"
+                requeued = await dispatch.requeue(conn, held, reason=result.reason,
+                                                  traceparent=traceparent,
+                                                  max_generations=self.max_generations)
+                state = "pending" if requeued == "requeued" else "unknown"
+                if requeued == "capped":
+                    log.warning("event=retry_capped operation_id=%s generation=%d",
+                                held.operation_id, held.generation)
             else:
                 # No definitive answer: unknown, never an invented success (R6.1, R6.4).
                 await self._finalize(conn, held, "unknown", reason=result.reason,

@@ -58,6 +58,7 @@ class Reconciler:
     worker_id: str
     lease_s: float = LEASE_S
     stranded_after_s: float = STRANDED_AFTER_S
+    max_generations: int = dispatch.MAX_GENERATIONS
 
     async def sweep(self, *, limit: int = 100) -> dict[UUID, Action]:
         """One pass over every command that needs recovery; returns what was done.
@@ -71,7 +72,8 @@ class Reconciler:
                 log.info("event=approvals_expired count=%d", len(expired))
             todo = await dispatch.needs_reconciliation(
                 conn, limit=limit,
-                lookup_connectors=[n for n, c in self.connectors.items() if c.contract.lookup])
+                lookup_connectors=[n for n, c in self.connectors.items() if c.contract.lookup],
+                max_generations=self.max_generations)
         done: dict[UUID, Action] = {}
         for item in todo:
             try:
@@ -156,22 +158,27 @@ class Reconciler:
                 await self._finalize(held, "succeeded", receipt=found.receipt)
                 return "succeeded"
             if isinstance(found, base.NotFound) and contract.may_resend:
-                async with self.pool.acquire() as conn:
-                    await dispatch.requeue(conn, held, reason="lookup found no effect; resend "
-                                           "the same request with the same key",
-                                           traceparent=spans.traceparent_of())
-                return "requeued"
+                return await self._requeue(held, "lookup found no effect; resend the same "
+                                           "request with the same key")
             await self._finalize(held, "unknown", reason=getattr(found, "reason", "no answer"))
             return "unknown"
         if contract.may_resend:
-            async with self.pool.acquire() as conn:
-                await dispatch.requeue(conn, held, reason="lease expired; the contract allows "
-                                       "resending the same request",
-                                       traceparent=spans.traceparent_of())
-            return "requeued"
+            return await self._requeue(held, "lease expired; the contract allows resending "
+                                       "the same request")
         await self._finalize(held, "unknown", reason="lease expired without a recorded answer; "
                              "the provider cannot be asked: an operator must reconcile")
         return "unknown"
+
+    async def _requeue(self, held: dispatch.Claim, reason: str) -> Action:
+        async with self.pool.acquire() as conn:
+            requeued = await dispatch.requeue(conn, held, reason=reason,
+                                              traceparent=spans.traceparent_of(),
+                                              max_generations=self.max_generations)
+        if requeued == "capped":
+            log.warning("event=retry_capped operation_id=%s generation=%d", held.operation_id,
+                        held.generation)
+            return "unknown"
+        return "requeued"
 
     async def _finalize(self, held: dispatch.Claim, state: dispatch.FinalState, *,
                         receipt: str | None = None, reason: str | None = None) -> None:

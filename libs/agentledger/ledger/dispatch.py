@@ -20,7 +20,15 @@ from agentledger.ledger.repository import Conn
 
 Q = sql.load(Path(__file__).with_name("dispatch.sql"))
 
+# Fencing generations (claims and take-overs) a command may go through before the ledger
+# stops requeueing it and holds it as `unknown` for an operator. Normal recovery needs 3 or 4
+# (dispatch, a lost worker, the reconciler, the resend); a command still without an answer
+# after 10 is not going to get one by retrying, and each generation is up to six provider
+# calls (a send, reconnects, resends).
+MAX_GENERATIONS = 10
+
 AttemptKind = Literal["dispatch", "lookup", "resend"]
+Requeued = Literal["requeued", "capped"]
 FinalState = Literal[
     "pending", "succeeded", "denied", "expired", "unknown", "review_required", "failed"
 ]
@@ -43,18 +51,23 @@ class Claim:
 async def claim(
     conn: Conn, tenant_id: UUID, operation_id: UUID, *, worker_id: str, lease_s: float,
     kind: AttemptKind = "dispatch", traceparent: str | None = None, take_over: bool = False,
+    connectors: Sequence[str] = (),
 ) -> Claim | None:
-    """Claim a pending command (or, with ``take_over``, an expired or unknown one).
+    """Claim a pending command of one of ``connectors`` (or, with ``take_over``, an expired
+    or unknown one, whatever its connector: the caller checked it can recover it).
 
     The claim and its attempt row are written in one transaction. Returns None when the
-    command is not claimable now: terminal, held by a live lease, or locked by another worker.
+    command is not claimable now: terminal, held by a live lease, locked by another worker,
+    or (without ``take_over``) of a connector not in ``connectors``.
     """
     token = uuid.uuid4()
     async with repository.transaction(conn, tenant_id) as tx:
-        row = await tx.fetchrow(
-            Q["take_over" if take_over else "claim"], tenant_id, operation_id, token,
-            worker_id, lease_s,
-        )
+        if take_over:
+            row = await tx.fetchrow(Q["take_over"], tenant_id, operation_id, token, worker_id,
+                                    lease_s)
+        else:
+            row = await tx.fetchrow(Q["claim"], tenant_id, operation_id, token, worker_id,
+                                    lease_s, list(connectors))
         if row is None:
             return None
         attempt = await tx.fetchrow(
@@ -145,16 +158,27 @@ async def attempts(conn: Conn, tenant_id: UUID, operation_id: UUID) -> list[dict
 
 
 async def requeue(
-    conn: Conn, held: Claim, *, reason: str, traceparent: str | None = None
-) -> None:
+    conn: Conn, held: Claim, *, reason: str, traceparent: str | None = None,
+    max_generations: int = MAX_GENERATIONS,
+) -> Requeued:
     """Release the claim to ``pending`` and renew the dispatch obligation, in one transaction.
 
     Only for a command proven safe to send again: nothing reached the provider, or the
-    connector dedupes by key and a lookup found no effect.
+    connector dedupes by key and a lookup found no effect. At ``max_generations`` it is not
+    requeued but finalized ``unknown`` for an operator, the reason naming the cap: no retry
+    path is unbounded.
+
+    Returns:
+        ``requeued``, or ``capped`` when the command was held as ``unknown`` instead.
 
     Raises:
         StaleClaim: the claim was taken over; nothing was written.
     """
+    if held.generation >= max_generations:
+        await finalize(conn, held, "unknown", traceparent=traceparent, reason=(
+            f"retry cap: {held.generation} dispatch generations without a definitive answer "
+            f"(last: {reason[:200]}); held for an operator")[:500])
+        return "capped"
     async with repository.transaction(conn, held.tenant_id) as tx:
         connector = await tx.fetchval(
             Q["release"], held.tenant_id, held.operation_id, held.token, reason[:500]
@@ -174,15 +198,19 @@ async def requeue(
                      "worker_id": held.worker_id, "fencing_generation": held.generation},
             traceparent=traceparent,
         )
+    return "requeued"
 
 
 async def needs_reconciliation(
-    conn: Conn, *, limit: int = 100, lookup_connectors: Sequence[str] = ()
+    conn: Conn, *, limit: int = 100, lookup_connectors: Sequence[str] = (),
+    max_generations: int = MAX_GENERATIONS,
 ) -> list[dict[str, Any]]:
     """Commands with an expired lease, then `unknown` ones of connectors that can be looked
-    up, across tenants (keys only). Other `unknown` commands wait for an operator."""
+    up, across tenants (keys only). Other `unknown` commands wait for an operator, and so do
+    those held at the retry cap (``max_generations``)."""
     async with repository.transaction(conn, None) as tx:
-        rows = await tx.fetch(Q["needs_reconciliation"], limit, list(lookup_connectors))
+        rows = await tx.fetch(Q["needs_reconciliation"], limit, list(lookup_connectors),
+                              max_generations)
     return [dict(r) for r in rows]
 
 

@@ -3,9 +3,12 @@
 -- name: claim --
 -- R5.1/R5.2: take a PENDING command in one short statement: row lock with SKIP LOCKED, the
 -- state checked atomically, a bounded lease, a fresh claim token, fencing generation + 1.
+-- Only a command of a connector the worker holds ($6): a record on the wrong topic must
+-- not leave a command claimed by a worker that cannot send it (issue 17).
 WITH target AS (
   SELECT tenant_id, operation_id FROM agent_command
   WHERE tenant_id = $1 AND operation_id = $2 AND state = 'pending'
+    AND connector = ANY($6::text[])
   FOR UPDATE SKIP LOCKED
 )
 UPDATE agent_command c
@@ -100,10 +103,10 @@ WHERE tenant_id = $1 AND operation_id = $2 AND state = 'pending'
 RETURNING connector;
 
 -- name: needs_reconciliation --
--- Keys of commands with an expired lease or an unknown outcome, across tenants (the
--- function returns no payload and no principal; see migration 0004).
+-- Keys of commands with an expired lease or an unknown outcome below the retry cap, across
+-- tenants (the function returns no payload and no principal; see migrations 0004, 0012).
 SELECT tenant_id, operation_id, state, connector
-FROM agentledger_needs_reconciliation($1, $2::text[]);
+FROM agentledger_needs_reconciliation($1, $2::text[], $3);
 
 -- name: resolve_unknown --
 -- An operator's resolution of an `unknown` command (R6.6): only from `unknown`.
