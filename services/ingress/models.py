@@ -13,7 +13,9 @@ from agentledger.contracts import common, proposals, requests
 CLOSED = ConfigDict(extra="forbid", strict=True)
 
 
-class RequestBody(BaseModel):
+# The bodies are contracts too: text no column can store (U+0000, lone surrogates) is a 422
+# here, never a failure later when the proposal built from it is validated.
+class RequestBody(common.Contract):
     """A goal for the planner."""
 
     model_config = CLOSED
@@ -22,7 +24,7 @@ class RequestBody(BaseModel):
     resource: common.ResourceId = Field(description="The resource hint: a CRM customer id.")
 
 
-class ProposalBody(BaseModel):
+class ProposalBody(common.Contract):
     """A proposal from a gateway that planned itself (also the ``gateway.proposals.v1`` body)."""
 
     model_config = CLOSED
