@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from starlette.exceptions import HTTPException
 
-from agentledger import crypto, errors
+from agentledger import crypto, errors, web
 from agentledger.ledger import keys
 from agentledger.policy import allowlist
 from agentledger.policy import repository as policy_repo
@@ -172,4 +172,5 @@ def create_app(settings: ConsoleSettings | None = None) -> FastAPI:
 
     app.include_router(pages.pages)
     app.include_router(api.api)
+    app.add_middleware(web.BodyLimit, limit=cfg.max_body_bytes)
     return app

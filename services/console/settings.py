@@ -34,3 +34,6 @@ class ConsoleSettings(BaseSettings):
     csrf_secret: SecretStr | None = None
     # A page view holds a connection for a few short reads; approvers are few.
     pool_size: int = Field(default=5, ge=1, le=50)
+    # The largest form the console takes is a sign-in token or a decision's reason (a few
+    # KB); refused before anything reads it, signed in or not.
+    max_body_bytes: int = Field(default=16 * 1024, ge=1024, le=1024 * 1024)

@@ -13,9 +13,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from faststream.confluent import KafkaBroker
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agentledger import errors, identity
+from agentledger import errors, identity, web
 from agentledger.contracts import topics
 from agentledger.kafka import topics as kafka_topics
 from agentledger.services.ingress import handlers, intake
@@ -29,38 +28,6 @@ READY_TIMEOUT_S = 2.0
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
-
-
-class BodyLimit:
-    """Refuse bodies over ``limit`` bytes (413) before anything parses them."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
-            await self._too_large(scope, receive, send)
-            return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:  # chunked bodies declare no length
-                    raise HTTPException(413, f"body larger than {self.limit} bytes")
-            return message
-
-        await self.app(scope, limited, send)
-
-    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = _error(413, "payload_too_large", f"body larger than {self.limit} bytes")
-        await response(scope, receive, send)
 
 
 async def _agentledger_error(request: Request, exc: Exception) -> JSONResponse:
@@ -126,7 +93,7 @@ def create_app(settings: IngressSettings | None = None) -> FastAPI:
 
     app = FastAPI(title="agentledger ingress", version="1", lifespan=lifespan)
     app.state.intake = gate
-    app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
+    app.add_middleware(web.BodyLimit, limit=cfg.max_body_bytes)
     app.add_exception_handler(errors.AgentLedgerError, _agentledger_error)
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(HTTPException, _http_error)

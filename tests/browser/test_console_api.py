@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import httpx
 
 from tests.e2e.pipeline import Pipeline
@@ -28,3 +30,15 @@ def test_explain_over_http_answers_for_the_sessions_tenant_only(world: Pipeline)
         r = httpx.get(f"{world.console_url}/api/v1/operations/{missing}/explain",
                       headers={"Authorization": f"Bearer {who}"}, timeout=30)
         assert r.status_code == 404, r.text
+
+
+def test_a_huge_body_is_refused_before_anything_reads_it(world: Pipeline) -> None:
+    # Issue 17: the console read a 150 MB unauthenticated body before answering 401.
+    assert world.console_url
+    url = f"{world.console_url}/api/v1/approvals/{uuid.uuid4()}/approve"
+    declared = httpx.post(url, content=b"x" * (2 * 1024 * 1024), timeout=30)
+    assert declared.status_code == 413, declared.text
+    assert declared.json()["error"]["code"] == "payload_too_large"
+    # An ordinary request still gets its ordinary answer: unauthenticated is 401.
+    small = httpx.post(url, json={"reason": "ok"}, timeout=30)
+    assert small.status_code == 401, small.text
