@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from typing import Final
 
 from agentledger import errors, identity
+from agentledger.policy import repository as policy_repo
 
-APPROVING_ROLES: Final = frozenset({"approver", "finance-approver"})
+# A first filter on the token's claims; the directory decides (policy_repo.require_approver).
+APPROVING_ROLES: Final = policy_repo.APPROVING_ROLES
 SESSION_COOKIE: Final = "agentledger_console"
 # Holds a random value until sign-in, so a cross-site page cannot sign a browser in under
 # an attacker's session (login CSRF): the sign-in form must echo it.

@@ -27,7 +27,6 @@ from agentledger.ledger import keys
 from agentledger.ledger import repository as ledger
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import repository as policy_repo
-from agentledger.services.console import auth
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +180,7 @@ class Console:
                       ) -> list[Review]:
         """The signed-in tenant's requests in one state (no CRM reads: a list stays fast)."""
         async with self.pool.acquire() as conn:
+            await policy_repo.require_approver(conn, session.tenant_id, session.principal_id)
             found = await approvals.listing(conn, session.tenant_id, state)
         unread = Current(None, None, "unavailable")
         return [Review(a, self.allowlist.actions.get(a.action), None, unread) for a in found]
@@ -192,6 +192,7 @@ class Console:
             ApprovalNotFound: none with this id in the session's tenant.
         """
         async with self.pool.acquire() as conn:
+            await policy_repo.require_approver(conn, session.tenant_id, session.principal_id)
             approval = await approvals.get(conn, session.tenant_id, approval_id)
             arguments = await self._arguments(conn, approval)
         current = await self.records.fetch(session.tenant_id, approval.resource_id)
@@ -221,6 +222,9 @@ class Console:
         """
         tenant, approver = session.tenant_id, session.principal_id
         async with self.pool.acquire() as conn:
+            # Only a current approver of this tenant reads or closes a request, whatever the
+            # token claims; Cedar then decides whether this one may approve this request.
+            await policy_repo.require_approver(conn, tenant, approver)
             pending = await approvals.get(conn, tenant, approval_id)
             verdict = None
             if approve:
@@ -232,12 +236,6 @@ class Console:
                     conn, tenant_id=tenant, approver_id=approver,
                     requester_id=pending.principal_id, action=spec,
                     resource_id=pending.resource_id, arguments=arguments)
-            else:
-                # Denying never admits anything, but only a current approver of this tenant
-                # may close a request: a revoked principal's unexpired token may not.
-                found = await policy_repo.PostgresPrincipalDirectory(conn).lookup(tenant, approver)
-                if found is None or found.revoked or not auth.APPROVING_ROLES & found.roles:
-                    raise errors.PolicyDenied("you are not an approver of this tenant")
             spec_now = self.allowlist.actions.get(pending.action)
             requires_revision = bool(spec_now and spec_now.requires_revision)
             current_revision = None

@@ -9,11 +9,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 
+import asyncpg
 import pytest
 from playwright.sync_api import Browser, Page, expect
 from typer.testing import CliRunner
 
 from agentledger import cli_approvals, identity
+from agentledger.policy import repository as policy_repo
 from tests.browser.conftest import PAGE_TIMEOUT_MS
 from tests.browser.support import (
     APPROVER,
@@ -24,8 +26,10 @@ from tests.browser.support import (
     command_state,
     expire_now,
     refund,
+    sync,
 )
 from tests.e2e.pipeline import Pipeline, SessionIssuer
+from tests.integration import identities
 
 
 def signin_page(world: Pipeline, browser: Browser) -> Page:
@@ -177,3 +181,34 @@ def test_the_cli_lists_shows_approves_and_denies(world: Pipeline,
     anonymous = runner.invoke(cli_approvals.app, ["list"],
                               env={**env, "AGENTLEDGER_TOKEN": ""})
     assert anonymous.exit_code == 2 and "no session token" in anonymous.output
+
+
+def test_the_directory_not_the_token_decides_who_reads_and_decides(world: Pipeline) -> None:
+    # Issue 17: the console trusted the token's roles for every read; only deny asked the
+    # directory. A `user` holding a token that claims `approver` read every pending request,
+    # and a revoked approver kept reading with an unexpired token.
+    assert world.sessions
+    op, approval_id, request_hash = refund(world, 4321)
+    path = f"/approvals/{approval_id}"
+    alice = world.sessions.issue(world.tenant, "user:alice", APPROVER)  # a `user` in the directory
+    for method, where, body in (("GET", "/approvals", None), ("GET", path, None),
+                                ("POST", f"{path}/deny", {"shown_hash": request_hash})):
+        r = api(world, alice, method, where, body)
+        assert (r.status_code, r.json()["error"]["code"]) == (403, "not_permitted"), (where, r.text)
+        assert "4321" not in r.text
+
+    carol = f"user:carol-{uuid.uuid4().hex[:6]}"
+    sync(identities.put_principals(world.database_url, world.tenant, {carol: ["approver"]}))
+    token = world.sessions.issue(world.tenant, carol, APPROVER)
+    assert api(world, token, "GET", path).json()["arguments"]["amount_minor"] == 4321
+
+    async def revoke() -> None:
+        conn = await asyncpg.connect(world.database_url)
+        try:
+            await policy_repo.revoke_principal(conn, uuid.UUID(world.tenant), carol)
+        finally:
+            await conn.close()
+    sync(revoke())
+    for method, where in (("GET", "/approvals"), ("GET", path)):
+        assert api(world, token, method, where).status_code == 403, where  # the same, unexpired token
+    assert approval_state(world, approval_id) == "pending" and command_state(world, op) is None

@@ -12,10 +12,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 from uuid import UUID
 
-from agentledger import sql
+from agentledger import errors, sql
 from agentledger.ledger import repository as ledger
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import cedar
@@ -48,6 +48,26 @@ class PostgresPrincipalDirectory:
             return None
         return cedar.Principal(row["tenant_id"], row["principal_id"],
                                frozenset(json.loads(row["roles"])), bool(row["revoked"]))
+
+
+# Who may read and decide approval requests: a role in the directory, checked at every read
+# and decision. A session token's roles only say what the identity provider claimed when it
+# was issued; a revoked or demoted approver's unexpired token must stop working at once.
+APPROVING_ROLES: Final = frozenset({"approver", "finance-approver"})
+
+
+async def require_approver(conn: ledger.Conn, tenant_id: UUID, principal_id: str
+                           ) -> cedar.Principal:
+    """The principal, if the directory records it as a current approver of this tenant.
+
+    Raises:
+        errors.PolicyDenied: Unknown here, revoked, or holding no approving role.
+        errors.AccessDenied, errors.StorageError: as :func:`ledger.transaction`.
+    """
+    found = await PostgresPrincipalDirectory(conn).lookup(tenant_id, principal_id)
+    if found is None or found.revoked or not APPROVING_ROLES & found.roles:
+        raise errors.PolicyDenied("you are not an approver of this tenant")
+    return found
 
 
 async def put_principal(
