@@ -40,6 +40,11 @@ ENVELOPE_AUDIENCE: Final = "agentledger-admission"
 ENVELOPE_TTL_S: Final = 300
 # Clock skew tolerated between the identity provider, ingress and admission hosts.
 LEEWAY_S: Final = 30
+# The longest life a token may claim (exp - iat; exp - now without iat). A session token good
+# for a century is a password that cannot be revoked; a day covers any gateway session.
+MAX_SESSION_LIFETIME_S: Final = 24 * 3600
+# Ingress signs envelopes for at most an hour (its envelope_ttl_s setting's bound).
+MAX_ENVELOPE_LIFETIME_S: Final = 3600
 # Far above any legitimate token (a few hundred bytes) and below ProposalV1.identity's bound.
 MAX_TOKEN_CHARS: Final = 4096
 MAX_ROLES: Final = 32
@@ -129,7 +134,8 @@ class Identity:
 
 
 def _decode(token: object, keys: KeySet, *, audience: str, issuer: str,
-            allowed: Sequence[str], typ: str | None, now: float | None) -> dict[str, Any]:
+            allowed: Sequence[str], typ: str | None, now: float | None,
+            max_lifetime_s: float) -> dict[str, Any]:
     if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_CHARS:
         raise errors.IdentityRejected("token missing or too long")
     try:
@@ -154,6 +160,12 @@ def _decode(token: object, keys: KeySet, *, audience: str, issuer: str,
     if nbf is not None and (isinstance(nbf, bool) or not isinstance(nbf, int | float)
                             or current < nbf - LEEWAY_S):
         raise errors.IdentityRejected("token not valid yet")
+    iat = claims.get("iat")
+    if iat is not None and (isinstance(iat, bool) or not isinstance(iat, int | float)
+                            or iat > current + LEEWAY_S):
+        raise errors.IdentityRejected("token issued in the future")
+    if exp - (current if iat is None else iat) > max_lifetime_s + LEEWAY_S:
+        raise errors.IdentityRejected("token lifetime exceeds the allowed maximum")
     return claims
 
 
@@ -200,10 +212,11 @@ def verify_session(
 
     Raises:
         errors.IdentityRejected: Forged, expired, wrong audience/issuer, disallowed algorithm,
-            unknown key, or missing/malformed claims.
+            unknown key, missing/malformed claims, issued in the future, or claiming a life
+            longer than ``MAX_SESSION_LIFETIME_S``.
     """
     claims = _decode(token, keys, audience=audience, issuer=issuer, allowed=ALGORITHMS,
-                     typ=None, now=now)
+                     typ=None, now=now, max_lifetime_s=MAX_SESSION_LIFETIME_S)
     return Session(tenant_id=_uuid_claim(claims, "tenant_id"), principal_id=_principal(claims),
                    roles=_roles(claims), expires_at=_expiry(claims))
 
@@ -221,7 +234,8 @@ def verify_envelope(token: object, public_keys: KeySet, *, now: float | None = N
             envelope (e.g. a session token), or missing claims.
     """
     claims = _decode(token, public_keys, audience=ENVELOPE_AUDIENCE, issuer=ENVELOPE_ISSUER,
-                     allowed=("EdDSA",), typ=ENVELOPE_TYPE, now=now)
+                     allowed=("EdDSA",), typ=ENVELOPE_TYPE, now=now,
+                     max_lifetime_s=MAX_ENVELOPE_LIFETIME_S)
     return Identity(
         tenant_id=_uuid_claim(claims, "tenant_id"), principal_id=_principal(claims),
         operation_id=_uuid_claim(claims, "operation_id"),

@@ -106,6 +106,12 @@ BAD_TOKENS = {
     "empty": lambda: "",
     "not a string": lambda: None,
     "too long": lambda: "a" * 5000,
+    # Issue 17: accepted before.
+    "a hundred-year lifetime": lambda: session(exp=int(NOW) + 100 * 365 * 86400),
+    "a lifetime of 25 h": lambda: session(exp=int(NOW) + 25 * 3600),
+    "no iat and a hundred years left": lambda: session(iat=None, exp=int(NOW) + 100 * 365 * 86400),
+    "issued in the future": lambda: session(iat=int(NOW) + 3600, exp=int(NOW) + 7200),
+    "iat not a number": lambda: session(iat="yesterday"),
 }
 
 
@@ -227,3 +233,16 @@ def test_operation_id_is_stable_per_tenant_principal_and_key() -> None:
     # Pinned: changing the namespace or the layout would re-key every in-flight retry.
     assert str(identity.derive_operation_id(uuid.UUID(int=1), "p", "k")) == str(
         uuid.uuid5(identity.OPERATION_NAMESPACE, f"{uuid.UUID(int=1)}\x1fp\x1fk"))
+
+
+def test_a_day_long_session_within_the_skew_is_accepted() -> None:
+    verify(session(iat=int(NOW) + 20, exp=int(NOW) + 20 + identity.MAX_SESSION_LIFETIME_S))
+
+
+def test_an_envelope_longer_than_ingress_may_sign_is_rejected() -> None:
+    long = identity.EnvelopeSigner(INGRESS_PRIVATE, "ingress-1", ttl_s=2 * 3600)
+    token = long.sign(tenant_id=TENANT, principal_id="user:alice", operation_id=uuid.uuid4(),
+                      request_id=uuid.uuid4(), now=NOW)
+    with pytest.raises(errors.IdentityRejected, match="lifetime"):
+        identity.verify_envelope(token, INGRESS_KEYS, now=NOW)
+
