@@ -9,6 +9,7 @@ request the approver was shown; a request that changed in between is not approve
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any
 
 import httpx
@@ -83,8 +84,27 @@ def list_(
     console.print(table)
 
 
+# What a terminal executes or reorders rather than shows: C0 controls but newline and tab,
+# DEL, C1 controls, bidirectional overrides and isolates. Evidence is untrusted text: an escape
+# sequence in it could move the cursor and overwrite the amount an approver reads.
+_NOT_SHOWN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _inert(value: Any) -> Any:
+    """``value`` (JSON-like) with every string made showable: ``\\uXXXX`` for what is not."""
+    if isinstance(value, str):
+        return _NOT_SHOWN.sub(lambda m: f"\\u{ord(m.group()):04x}", value)
+    if isinstance(value, dict):
+        return {_inert(k): _inert(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_inert(v) for v in value]
+    return value
+
+
 def _show(r: dict[str, Any]) -> None:
-    # Everything from the request is data: escaped, so rich markup in it prints as text.
+    # Everything from the request is data: made inert, and escaped so rich markup in it prints
+    # as text.
+    r = _inert(r)
     console.print(f"[bold]{escape(r['action'])}[/bold] on [bold]{escape(r['target'])}[/bold]  "
                   f"state [bold]{r['state']}[/bold]  requested by {escape(r['principal'])}  "
                   f"risk {r['risk']}  time left {_left(int(r['seconds_left']))}", highlight=False)
@@ -101,13 +121,14 @@ def _show(r: dict[str, Any]) -> None:
             diff.add_row(Text(str(c["field"])), Text(str(c["before"])),
                          Text(f"{c['after']}{mark}"))
         console.print(diff)
-    console.print("proposed arguments:")
-    console.print(json.dumps(r.get("arguments"), indent=2, ensure_ascii=False), markup=False,
-                  highlight=False)
+    # Untrusted evidence first: what the approver decides on (arguments, hash) comes last.
     for e in r.get("evidence", []):
         console.print(f"[yellow]UNTRUSTED evidence {escape(str(e.get('ref')))}[/yellow] from "
                       f"{escape(str(e.get('source')))}:", highlight=False)
         console.print(str(e.get("excerpt", "")), markup=False, highlight=False)
+    console.print("proposed arguments:")
+    console.print(json.dumps(r.get("arguments"), indent=2, ensure_ascii=False), markup=False,
+                  highlight=False)
     console.print(f"request hash   {r['request_hash']}\npolicy version {r['policy_version']}",
                   highlight=False)
 
