@@ -212,6 +212,22 @@ class Admitter:
         identity.check_bound(found, tenant_id=proposal.tenant_id,
                              principal_id=proposal.principal_id,
                              operation_id=proposal.operation_id)
+        if found.binding.kind == "proposal":
+            # A gateway's proposal: exactly the content ingress accepted (issue 17 §6).
+            try:
+                bound = identity.proposal_binding(
+                    tenant_id=proposal.tenant_id, principal_id=proposal.principal_id,
+                    action=proposal.action, target=proposal.target,
+                    arguments=proposal.arguments, expected_revision=proposal.expected_revision)
+            except errors.ValidationFailed as exc:
+                raise errors.IdentityRejected(
+                    "the proposal differs from the content its envelope was issued for") from exc
+            identity.check_content(found, bound)
+        elif proposal.proposal_id != identity.planned_proposal_id(found.request_id):
+            # A planner's proposal carries its request's envelope: the one proposal planned
+            # from that request, whose content approvals bind to its id (``approvals.request``).
+            raise errors.IdentityRejected(
+                "the proposal is not the one planned from its envelope's request")
         return str(found.request_id)
 
     async def _audit_rejection(
@@ -277,6 +293,12 @@ class Admitter:
             traceparent=trace.traceparent if trace else None,
             tracestate=trace.tracestate if trace else None,
         ), also=record, audit=_proposal_audit(proposal, spec))
+        if requested.status == "replayed_envelope":
+            exc = errors.IdentityRejected(
+                "this proposal id was already requested with other content: a replayed "
+                "envelope; nothing was changed")
+            await self._audit_rejection(proposal, exc)
+            return AdmissionResultV1.refused(exc, decided_at=_now(), **base)
         if requested.status == "conflict":
             return AdmissionResultV1.refused(errors.IdempotencyConflict(
                 "operation id already bound to a different request; nothing was changed",

@@ -7,28 +7,32 @@ Two JWS formats, both verified with PyJWT and an explicit algorithm allowlist:
   is optional. Tenant and principal come only from these verified claims.
 - the **identity envelope** ingress signs with its own Ed25519 key (``typ`` =
   ``ENVELOPE_TYPE``, ``iss`` = ``ENVELOPE_ISSUER``, ``aud`` = ``ENVELOPE_AUDIENCE``, short
-  ``exp``) binding tenant, principal, operation id, request id and roles. It travels in
-  ``ProposalV1.identity``; admission verifies it with ``verify_envelope`` and nothing after
-  ingress (the planner least of all) can change who acts for which tenant.
+  ``exp``) binding tenant, principal, operation id, request id, roles — and the content it
+  was issued for (``Binding``): the request hash of a gateway's proposal, or the digest of a
+  request's goal and resource. It travels in ``ProposalV1.identity``; admission verifies it
+  with ``verify_envelope`` and nothing after ingress (the planner least of all) can change who
+  acts for which tenant, nor reuse the envelope for other content (a replay with a new amount).
 
 Every failure raises ``errors.IdentityRejected``; no PyJWT exception escapes this module.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from agentledger import errors
+from agentledger import canonical, errors
 
 ALGORITHMS: Final = ("EdDSA", "ES256")
 ENVELOPE_TYPE: Final = "agentledger-identity+jwt"
@@ -54,6 +58,11 @@ OPERATION_NAMESPACE: Final = uuid.UUID("6f2b8f0e-3c1a-5d4e-9a7b-0c8d2e4f6a1b")
 
 _PRINCIPAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,127}$")
 _ROLE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+
+# Proposals a planner makes from a request get this id (one request, one proposal), so a
+# request's envelope can be reused for no other proposal.
+PLANNED_PROPOSAL_NAMESPACE: Final = uuid.UUID("0d6c1f7a-4b2e-5c39-8e1d-7a9b3c5e2f40")
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
 PrivateKey = ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
@@ -123,7 +132,11 @@ class Session:
 
 @dataclass(frozen=True)
 class Identity:
-    """The verified content of an identity envelope."""
+    """The verified content of an identity envelope.
+
+    ``binding`` is what it was issued for: ``Binding("proposal", request hash)`` for a
+    gateway's proposal, ``Binding("request", request digest)`` for a request to plan.
+    """
 
     tenant_id: uuid.UUID
     principal_id: str
@@ -131,6 +144,51 @@ class Identity:
     request_id: uuid.UUID
     roles: tuple[str, ...]
     expires_at: datetime
+    binding: Binding
+
+
+@dataclass(frozen=True)
+class Binding:
+    """The content an envelope was issued for: its kind and a SHA-256 hex digest."""
+
+    kind: Literal["proposal", "request"]
+    digest: str
+
+
+def proposal_binding(*, tenant_id: uuid.UUID, principal_id: str, action: str, target: str,
+                     arguments: Mapping[str, object], expected_revision: str | None
+                     ) -> Binding:
+    """The binding of a proposal: the request hash (R2.1) over its fields as submitted.
+
+    Raises:
+        errors.ValidationFailed: The arguments have no canonical JSON form.
+    """
+    return Binding("proposal", canonical.request_hash(
+        tenant_id=tenant_id, principal_id=principal_id, action=action, target=target,
+        arguments=arguments, expected_revision=expected_revision).hex())
+
+
+def request_binding(*, goal: str, resource: str) -> Binding:
+    """The binding of a request to plan: the digest of its goal and resource."""
+    return Binding("request", hashlib.sha256(
+        canonical.canonical_bytes({"goal": goal, "resource": resource})).hexdigest())
+
+
+def planned_proposal_id(request_id: uuid.UUID) -> uuid.UUID:
+    """The id of the proposal planned from ``request_id`` (admission checks it)."""
+    return uuid.uuid5(PLANNED_PROPOSAL_NAMESPACE, str(request_id))
+
+
+def check_content(found: Identity, binding: Binding) -> None:
+    """Refuse a message whose content is not what its envelope was issued for.
+
+    Raises:
+        errors.IdentityRejected: Another kind of content, or other content.
+    """
+    if found.binding.kind != binding.kind or not hmac.compare_digest(
+            found.binding.digest, binding.digest):
+        raise errors.IdentityRejected(
+            f"the {binding.kind} differs from the content its envelope was issued for")
 
 
 def _decode(token: object, keys: KeySet, *, audience: str, issuer: str,
@@ -194,6 +252,14 @@ def _roles(claims: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(roles)
 
 
+def _binding(claims: Mapping[str, Any]) -> Binding:
+    kind, digest = claims.get("binds"), claims.get("content")
+    if kind not in ("proposal", "request") or not isinstance(digest, str) \
+            or not _DIGEST.match(digest):
+        raise errors.IdentityRejected("claims binds/content missing: the envelope binds no content")
+    return Binding(kind, digest)
+
+
 def _expiry(claims: Mapping[str, Any]) -> datetime:
     return datetime.fromtimestamp(float(claims["exp"]), UTC)
 
@@ -240,7 +306,7 @@ def verify_envelope(token: object, public_keys: KeySet, *, now: float | None = N
         tenant_id=_uuid_claim(claims, "tenant_id"), principal_id=_principal(claims),
         operation_id=_uuid_claim(claims, "operation_id"),
         request_id=_uuid_claim(claims, "request_id"), roles=_roles(claims),
-        expires_at=_expiry(claims),
+        expires_at=_expiry(claims), binding=_binding(claims),
     )
 
 
@@ -273,13 +339,15 @@ class EnvelopeSigner:
         self._key, self.kid, self.ttl_s = key, kid, ttl_s
 
     def sign(self, *, tenant_id: uuid.UUID, principal_id: str, operation_id: uuid.UUID,
-             request_id: uuid.UUID, roles: Sequence[str] = (), now: float | None = None) -> str:
-        """The compact JWS binding these fields until ``now + ttl_s``."""
+             request_id: uuid.UUID, binding: Binding, roles: Sequence[str] = (),
+             now: float | None = None) -> str:
+        """The compact JWS binding these fields and ``binding`` until ``now + ttl_s``."""
         issued = int(time.time() if now is None else now)
         return jwt.encode(
             {"iss": ENVELOPE_ISSUER, "aud": ENVELOPE_AUDIENCE, "sub": principal_id,
              "tenant_id": str(tenant_id), "operation_id": str(operation_id),
              "request_id": str(request_id), "roles": list(roles),
+             "binds": binding.kind, "content": binding.digest,
              "iat": issued, "exp": issued + self.ttl_s, "jti": str(request_id)},
             self._key, algorithm="EdDSA", headers={"kid": self.kid, "typ": ENVELOPE_TYPE},
         )

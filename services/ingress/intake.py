@@ -93,7 +93,9 @@ class Intake:
         message = requests.RequestV1(
             request_id=request_id, tenant_id=session.tenant_id,
             principal_id=session.principal_id, operation_id=operation_id, goal=body.goal,
-            resource=body.resource, identity=self._envelope(session, operation_id, request_id),
+            resource=body.resource,
+            identity=self._envelope(session, operation_id, request_id, identity.request_binding(
+                goal=body.goal, resource=body.resource)),
             created_at=datetime.now(UTC),
         )
         await self._publish(self.requests_topic, message, session, trace)
@@ -114,7 +116,10 @@ class Intake:
             arguments=body.arguments, target=body.target,
             expected_revision=body.expected_revision, evidence_refs=body.evidence_refs,
             planner=proposals.PlannerInfo(name="gateway"),
-            identity=self._envelope(session, operation_id, proposal_id),
+            identity=self._envelope(session, operation_id, proposal_id, identity.proposal_binding(
+                tenant_id=session.tenant_id, principal_id=session.principal_id,
+                action=body.action, target=body.target, arguments=body.arguments,
+                expected_revision=body.expected_revision)),
             created_at=datetime.now(UTC),
         )
         await self._publish(self.proposals_topic, message, session, trace)
@@ -124,10 +129,12 @@ class Intake:
                                proposal_id=proposal_id)
 
     def _envelope(self, session: identity.Session, operation_id: uuid.UUID,
-                  request_id: uuid.UUID) -> str:
+                  request_id: uuid.UUID, binding: identity.Binding) -> str:
+        # Bound to the content as accepted: a copy of the envelope admits nothing else
+        # (a replay with a new amount is refused by admission).
         return self.signer.sign(tenant_id=session.tenant_id, principal_id=session.principal_id,
                                 operation_id=operation_id, request_id=request_id,
-                                roles=session.roles)
+                                binding=binding, roles=session.roles)
 
     async def _publish(self, topic: str, message: pydantic.BaseModel,
                        session: identity.Session, trace: Mapping[str, str | bytes]) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer
 
-from agentledger import settings
+from agentledger import identity, settings
 from agentledger.contracts.requests import RequestV1
 from agentledger.telemetry import metrics as telemetry_metrics
 from tests.e2e.pipeline import Pipeline, pipeline
@@ -168,7 +168,9 @@ def test_no_prompt_token_payload_or_evidence_text_reaches_telemetry_or_logs(worl
     asyncio.run(p.crm.customer(p.tenant, customer, display_name=f"Ada RECORD{mark}"))
     planned = uuid.uuid4()
     envelope = identities.SIGNER.sign(tenant_id=uuid.UUID(p.tenant), principal_id="user:alice",
-                                      operation_id=planned, request_id=(request_id := uuid.uuid4()))
+                                      operation_id=planned, request_id=(request_id := uuid.uuid4()),
+                                      binding=identity.request_binding(goal=f"add a note: GOAL{mark}",
+                                                                       resource=customer))
     request = RequestV1(request_id=request_id, tenant_id=uuid.UUID(p.tenant), principal_id="user:alice",
                         operation_id=planned, goal=f"add a note: GOAL{mark}", resource=customer,
                         identity=envelope, created_at=datetime.now(UTC))

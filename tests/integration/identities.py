@@ -20,13 +20,18 @@ KEYSET = identity.KeySet.from_pem(ENVELOPE_KEYS)
 
 def sign(proposal: dict[str, Any], *, request_id: uuid.UUID | None = None,
          ttl_s: int | None = None) -> dict[str, Any]:
-    """The proposal with an envelope binding its tenant, principal and operation id
-    (valid ``ttl_s`` seconds, default ingress' lifetime)."""
+    """The proposal with an envelope binding its tenant, principal, operation id and content,
+    as ingress signs a gateway's proposal (valid ``ttl_s`` seconds, default ingress' lifetime)."""
     signer = SIGNER if ttl_s is None else identity.EnvelopeSigner(PRIVATE_PEM, KID, ttl_s=ttl_s)
+    tenant = uuid.UUID(str(proposal["tenant_id"]))
     envelope = signer.sign(
-        tenant_id=uuid.UUID(str(proposal["tenant_id"])), principal_id=proposal["principal_id"],
+        tenant_id=tenant, principal_id=proposal["principal_id"],
         operation_id=uuid.UUID(str(proposal["operation_id"])),
-        request_id=request_id or uuid.uuid4())
+        request_id=request_id or uuid.uuid4(),
+        binding=identity.proposal_binding(
+            tenant_id=tenant, principal_id=proposal["principal_id"], action=proposal["action"],
+            target=proposal["target"], arguments=proposal["arguments"],
+            expected_revision=proposal.get("expected_revision")))
     return {**proposal, "identity": envelope}
 
 

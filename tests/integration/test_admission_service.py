@@ -20,6 +20,7 @@ import httpx
 import pytest
 from confluent_kafka import Consumer, Producer
 
+from agentledger import identity
 from agentledger.contracts import topics
 from tests.helpers import wait_until
 from tests.integration import identities, processes
@@ -269,6 +270,65 @@ async def test_refund_needs_approval_and_waits_as_a_persisted_request(world: Wor
     n = await _rows(world.database_url, "SELECT count(*) AS n FROM agent_command WHERE operation_id=$1",
                     uuid.UUID(p["operation_id"]))
     assert n[0]["n"] == 0  # nothing is admitted before a person decides
+
+
+def _refund(world: World, amount: int, **overrides: Any) -> dict[str, Any]:
+    return proposal(world, action="billing.refund.create",
+                    arguments={"customer_id": "cust-a", "invoice_id": "inv-7", "amount_minor": amount,
+                               "currency": "EUR", "reason": "broken"}, **overrides)
+
+
+async def _approvals_of(world: World, operation_id: str) -> list[dict[str, Any]]:
+    return [dict(r) for r in await _rows(
+        world.database_url, "SELECT proposal_id, state, request_hash FROM approval_request "
+        "WHERE operation_id=$1 ORDER BY created_at", uuid.UUID(operation_id))]
+
+
+async def test_a_gateway_envelope_replayed_with_a_new_amount_changes_nothing(world: World) -> None:
+    # Issue 17 §6: the envelope of a pending refund, copied onto a proposal with a new amount
+    # (same proposal id, or a fresh one), used to supersede the request the user made.
+    asked = identities.sign(_refund(world, 1500))
+    world.send(asked)
+    assert world.result_for(asked["proposal_id"])["status"] == "pending_approval"
+    before = await _approvals_of(world, asked["operation_id"])
+    world.results.pop(asked["proposal_id"])
+    replays = [dict(asked, arguments={**asked["arguments"], "amount_minor": 990_000}),
+               dict(asked, proposal_id=str(uuid.uuid4()),
+                    arguments={**asked["arguments"], "amount_minor": 990_000})]
+    for replay in replays:
+        world.send(replay)
+        result = world.result_for(replay["proposal_id"])
+        assert (result["status"], result["reason_code"]) == ("rejected", "identity_rejected"), result
+        assert "content its envelope was issued for" in result["reason"]
+    assert await _approvals_of(world, asked["operation_id"]) == before  # still the 1500 request, pending
+    assert before[0]["state"] == "pending" and len(before) == 1
+
+
+async def test_a_planners_envelope_admits_only_the_proposal_planned_from_its_request(world: World) -> None:
+    # A request's envelope travels on the planner's proposal; a copy with a new amount under
+    # the same (derived) proposal id must not supersede the pending request, and a copy under
+    # another id is not the planned proposal at all.
+    tenant, request_id, op = next(iter(world.tenants)), uuid.uuid4(), str(uuid.uuid4())
+    envelope = identities.SIGNER.sign(
+        tenant_id=uuid.UUID(tenant), principal_id="user:alice", operation_id=uuid.UUID(op),
+        request_id=request_id, binding=identity.request_binding(goal="refund inv-7", resource="cust-a"))
+    planned = str(identity.planned_proposal_id(request_id))
+    asked = _refund(world, 1500, operation_id=op, proposal_id=planned, identity=envelope)
+    world.send(asked)
+    assert world.result_for(planned)["status"] == "pending_approval"
+    before = await _approvals_of(world, op)
+    world.results.pop(planned)
+    world.send(_refund(world, 990_000, operation_id=op, proposal_id=planned, identity=envelope))
+    replayed = world.result_for(planned)
+    assert (replayed["status"], replayed["reason_code"]) == ("rejected", "identity_rejected"), replayed
+    assert "replayed envelope" in replayed["reason"]
+    elsewhere = _refund(world, 990_000, operation_id=op, identity=envelope)
+    world.send(elsewhere)
+    assert world.result_for(elsewhere["proposal_id"])["reason_code"] == "identity_rejected"
+    assert await _approvals_of(world, op) == before and before[0]["state"] == "pending"
+    audited = await _rows(world.database_url, "SELECT payload FROM audit_event WHERE operation_id=$1 "
+                          "AND type='proposal.rejected'", uuid.UUID(op))
+    assert [json.loads(a["payload"])["code"] for a in audited] == ["identity_rejected"]
 
 
 async def test_a_revoked_principal_is_denied_and_the_decision_recorded(world: World, database_url: str) -> None:

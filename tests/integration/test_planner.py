@@ -73,7 +73,8 @@ class World:
         tenant_id = uuid.UUID(tenant or self.tenant_a)
         operation, request_id = uuid.uuid4(), uuid.uuid4()
         envelope = self.signer.sign(tenant_id=tenant_id, principal_id="user:alice", operation_id=operation,
-                                    request_id=request_id)
+                                    request_id=request_id,
+                                    binding=identity.request_binding(goal=goal, resource=resource))
         fields: dict[str, Any] = {"request_id": request_id, "tenant_id": tenant_id, "principal_id": "user:alice",
                                   "operation_id": operation, "goal": goal, "resource": resource,
                                   "identity": envelope, "created_at": datetime.now(UTC)}
@@ -196,7 +197,8 @@ def test_requests_whose_identity_differs_from_the_envelope_are_dead_lettered(wor
     forged = world.request("add note: forged", "cust-plain")
     forged = forged.model_copy(update={"identity": identity.EnvelopeSigner(forged_key, "ingress-1").sign(
         tenant_id=forged.tenant_id, principal_id=forged.principal_id, operation_id=forged.operation_id,
-        request_id=forged.request_id)})
+        request_id=forged.request_id,
+        binding=identity.request_binding(goal=forged.goal, resource=forged.resource))})
     world.send(rewritten, forged)
     dlq = topics.dlq_topic(world.requests)
 

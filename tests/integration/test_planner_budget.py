@@ -12,7 +12,7 @@ import pytest
 
 from agentledger.contracts import proposals
 from agentledger.planning import adapters, budget
-from tests.unit.test_planner_proposer import SIGNER, TENANT, FixedAdapter, make, request
+from tests.unit.test_planner_proposer import TENANT, FixedAdapter, envelope_for, make, request
 
 PLAN = adapters.Plan("crm.note.create", {"customer_id": "cust-a", "body": "hi"}, "cust-a",
                      usage=proposals.TokenUsage(prompt_tokens=1200, completion_tokens=300))
@@ -52,8 +52,7 @@ async def test_tokens_are_reserved_before_each_call_and_exhaustion_stops_the_mod
     # One workflow (request id): the same envelope request id for the follow-up step.
     assert isinstance(await planner.propose(first), proposals.ProposalV1)
     op = uuid.uuid4()
-    envelope = SIGNER.sign(tenant_id=TENANT, principal_id="user:alice", operation_id=op,
-                           request_id=first.request_id)
+    envelope = envelope_for(operation_id=op, request_id=first.request_id)
     second = request(request_id=first.request_id, operation_id=op, identity=envelope)
     again = await planner.propose(second)
     # 5000 - 1500 used leaves 3500 < 4000 needed: refused, and the model was never asked.
@@ -86,8 +85,7 @@ async def test_a_tenant_without_a_default_gets_no_model_call(planner_pool: async
     planner = dataclasses.replace(make(adapter=model),
                                   tokens=budget.TokenBudget(planner_pool, per_call=10))
     tenant, op, request_id = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
-    envelope = SIGNER.sign(tenant_id=tenant, principal_id="user:alice", operation_id=op,
-                           request_id=request_id)
+    envelope = envelope_for(tenant_id=tenant, operation_id=op, request_id=request_id)
     other = request(tenant_id=tenant, operation_id=op, request_id=request_id, identity=envelope)
     result = await planner.propose(other)
     assert isinstance(result, adapters.Refusal) and model.calls == 0

@@ -22,6 +22,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from faststream.confluent import KafkaBroker
 
+from agentledger import identity
 from agentledger.contracts import proposals, requests
 from agentledger.evals import shadow, shadow_contract
 from agentledger.planning import adapters, proposer, retrieval
@@ -100,7 +101,8 @@ class World:
             request_id=request_id, tenant_id=TENANT, principal_id="user:alice", operation_id=operation,
             goal=goal, resource="c-1", created_at=datetime.now(UTC),
             identity=identities.SIGNER.sign(tenant_id=TENANT, principal_id="user:alice",
-                                            operation_id=operation, request_id=request_id))
+                                            operation_id=operation, request_id=request_id,
+                                            binding=identity.request_binding(goal=goal, resource="c-1")))
         producer = Producer({"bootstrap.servers": self.stack.kafka_bootstrap})
         producer.produce(self.topics["requests"], key=str(TENANT).encode(),
                          value=request.model_dump_json(by_alias=True).encode())

@@ -55,7 +55,8 @@ def request(goal: str = "add note: hello") -> requests.RequestV1:
     return requests.RequestV1(
         request_id=rid, tenant_id=TENANT, principal_id="user:alice", operation_id=op, goal=goal,
         resource="c-1", created_at=datetime.now(UTC),
-        identity=SIGNER.sign(tenant_id=TENANT, principal_id="user:alice", operation_id=op, request_id=rid))
+        identity=SIGNER.sign(tenant_id=TENANT, principal_id="user:alice", operation_id=op, request_id=rid,
+                             binding=identity.request_binding(goal=goal, resource="c-1")))
 
 
 def planner(candidate: adapters.Adapter, recorded: list[shadow_contract.ShadowComparisonV1],

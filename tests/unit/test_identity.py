@@ -155,7 +155,8 @@ SIGNER = identity.EnvelopeSigner(INGRESS_PRIVATE, "ingress-1", ttl_s=300)
 def envelope(**overrides: object) -> tuple[str, dict[str, object]]:
     fields: dict[str, object] = {"tenant_id": TENANT, "principal_id": "user:alice",
                                  "operation_id": uuid.uuid4(), "request_id": uuid.uuid4(),
-                                 "roles": ("agent",), "now": NOW}
+                                 "roles": ("agent",), "now": NOW,
+                                 "binding": identity.Binding("proposal", "a" * 64)}
     fields.update(overrides)
     return SIGNER.sign(**fields), fields  # type: ignore[arg-type]
 
@@ -207,7 +208,7 @@ def test_a_session_token_is_not_an_envelope() -> None:
 def test_envelope_from_another_signer_is_rejected() -> None:
     other = identity.EnvelopeSigner(OTHER_PRIVATE, "ingress-1")
     token = other.sign(tenant_id=TENANT, principal_id="u", operation_id=uuid.uuid4(),
-                       request_id=uuid.uuid4(), now=NOW)
+                       request_id=uuid.uuid4(), binding=identity.Binding("proposal", "a" * 64), now=NOW)
     with pytest.raises(errors.IdentityRejected):
         identity.verify_envelope(token, INGRESS_KEYS, now=NOW)
 
@@ -242,7 +243,47 @@ def test_a_day_long_session_within_the_skew_is_accepted() -> None:
 def test_an_envelope_longer_than_ingress_may_sign_is_rejected() -> None:
     long = identity.EnvelopeSigner(INGRESS_PRIVATE, "ingress-1", ttl_s=2 * 3600)
     token = long.sign(tenant_id=TENANT, principal_id="user:alice", operation_id=uuid.uuid4(),
-                      request_id=uuid.uuid4(), now=NOW)
+                      request_id=uuid.uuid4(), binding=identity.Binding("proposal", "a" * 64), now=NOW)
     with pytest.raises(errors.IdentityRejected, match="lifetime"):
         identity.verify_envelope(token, INGRESS_KEYS, now=NOW)
 
+
+
+def test_an_envelope_carries_the_content_it_was_issued_for() -> None:
+    binding = identity.proposal_binding(tenant_id=TENANT, principal_id="user:alice", action="crm.note.create",
+                                        target="c-1", arguments={"body": "hi"}, expected_revision=None)
+    token, _ = envelope(binding=binding)
+    found = identity.verify_envelope(token, INGRESS_KEYS, now=NOW)
+    assert found.binding == binding and binding.kind == "proposal" and len(binding.digest) == 64
+    identity.check_content(found, binding)
+    for other in (identity.proposal_binding(tenant_id=TENANT, principal_id="user:alice", action="crm.note.create",
+                                            target="c-1", arguments={"body": "hi!"}, expected_revision=None),
+                  identity.proposal_binding(tenant_id=TENANT, principal_id="user:alice", action="crm.note.create",
+                                            target="c-1", arguments={"body": "hi"}, expected_revision=""),
+                  identity.Binding("request", binding.digest)):
+        with pytest.raises(errors.IdentityRejected, match="content its envelope was issued for"):
+            identity.check_content(found, other)
+
+
+def test_an_envelope_binding_no_content_is_rejected() -> None:
+    import jwt
+    from cryptography.hazmat.primitives import serialization
+    key = serialization.load_pem_private_key(INGRESS_PRIVATE.encode(), password=None)
+    claims = {"iss": identity.ENVELOPE_ISSUER, "aud": identity.ENVELOPE_AUDIENCE, "sub": "user:alice",
+              "tenant_id": str(TENANT), "operation_id": str(uuid.uuid4()), "request_id": str(uuid.uuid4()),
+              "roles": [], "iat": NOW, "exp": NOW + 60}
+    for extra in ({}, {"binds": "proposal"}, {"binds": "anything", "content": "a" * 64},
+                  {"binds": "request", "content": "A" * 64}):
+        token = jwt.encode({**claims, **extra}, key, algorithm="EdDSA",  # type: ignore[arg-type]
+                           headers={"kid": "ingress-1", "typ": identity.ENVELOPE_TYPE})
+        with pytest.raises(errors.IdentityRejected, match="binds no content"):
+            identity.verify_envelope(token, INGRESS_KEYS, now=NOW)
+
+
+def test_a_request_binding_covers_goal_and_resource_and_planned_ids_are_stable() -> None:
+    a = identity.request_binding(goal="refund inv-7", resource="c-1")
+    assert a == identity.request_binding(goal="refund inv-7", resource="c-1")
+    assert a != identity.request_binding(goal="refund inv-8", resource="c-1")
+    assert a != identity.request_binding(goal="refund inv-7", resource="c-2")
+    rid = uuid.uuid4()
+    assert identity.planned_proposal_id(rid) == identity.planned_proposal_id(rid) != identity.planned_proposal_id(uuid.uuid4())

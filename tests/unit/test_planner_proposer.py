@@ -43,13 +43,21 @@ class FixedAdapter:
         return self.result
 
 
+def envelope_for(*, tenant_id: uuid.UUID = TENANT, operation_id: uuid.UUID, request_id: uuid.UUID,
+                 goal: str = "g", resource: str = "cust-a", signer: identity.EnvelopeSigner = SIGNER) -> str:
+    """The envelope ingress signs for a request with this goal and resource."""
+    return signer.sign(tenant_id=tenant_id, principal_id="user:alice", operation_id=operation_id,
+                       request_id=request_id, binding=identity.request_binding(goal=goal, resource=resource))
+
+
 def request(goal: str = "g", **overrides: Any) -> requests.RequestV1:
+    """A request signed for its defaults; ``overrides`` change it after signing (a forgery)
+    unless they include ``identity``."""
     operation, request_id = uuid.uuid4(), uuid.uuid4()
-    envelope = SIGNER.sign(tenant_id=TENANT, principal_id="user:alice", operation_id=operation,
-                           request_id=request_id)
     fields: dict[str, Any] = {"request_id": request_id, "tenant_id": TENANT, "principal_id": "user:alice",
                               "operation_id": operation, "goal": goal, "resource": "cust-a",
-                              "identity": envelope, "created_at": datetime.now(UTC)}
+                              "identity": envelope_for(operation_id=operation, request_id=request_id, goal=goal),
+                              "created_at": datetime.now(UTC)}
     fields.update(overrides)
     return requests.RequestV1(**fields)
 
@@ -132,8 +140,16 @@ async def test_request_fields_must_match_the_envelope(field: str) -> None:
 async def test_forged_envelope_is_rejected() -> None:
     other_private, _ = identity.generate_keypair()
     req = request("add note: x")
-    forged = identity.EnvelopeSigner(other_private, "ingress-1").sign(
-        tenant_id=req.tenant_id, principal_id=req.principal_id, operation_id=req.operation_id,
-        request_id=req.request_id)
+    forged = envelope_for(operation_id=req.operation_id, request_id=req.request_id, goal=req.goal,
+                          signer=identity.EnvelopeSigner(other_private, "ingress-1"))
     with pytest.raises(errors.IdentityRejected):
         await make(adapter=adapters.RulesAdapter()).propose(req.model_copy(update={"identity": forged}))
+
+
+@pytest.mark.parametrize("field", ["goal", "resource"])
+async def test_a_request_rewritten_after_signing_is_rejected(field: str) -> None:
+    retriever = FakeRetriever()
+    with pytest.raises(errors.IdentityRejected, match="content its envelope was issued for"):
+        await make(adapter=adapters.RulesAdapter(), retriever=retriever).propose(
+            request("add note: x").model_copy(update={field: "refund all" if field == "goal" else "cust-b"}))
+    assert retriever.calls == []

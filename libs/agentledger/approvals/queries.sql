@@ -6,6 +6,13 @@ SELECT * FROM approval_request
 WHERE tenant_id = $1 AND operation_id = $2 AND state = 'pending'
 FOR UPDATE;
 
+-- name: proposal_with_other_content --
+-- Whether this proposal id of the intent was requested with another hash (a replay).
+SELECT EXISTS (
+  SELECT 1 FROM approval_request
+  WHERE tenant_id = $1 AND operation_id = $2 AND proposal_id = $3 AND request_hash <> $4
+);
+
 -- name: insert_request --
 -- A new pending request binding the hash and every field behind it.
 INSERT INTO approval_request (

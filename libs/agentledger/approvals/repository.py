@@ -113,10 +113,11 @@ class Requested:
 
     ``pending``: a request waits for a decision (new, or the same one again); ``admitted``:
     the intent already has a command with this hash (a replay); ``conflict``: it has one
-    with another hash.
+    with another hash; ``replayed_envelope``: this proposal id was requested before with
+    another hash — its envelope reused for other content; nothing was written.
     """
 
-    status: Literal["pending", "admitted", "conflict"]
+    status: Literal["pending", "admitted", "conflict", "replayed_envelope"]
     approval: Approval | None = None
     recorded: ledger.Recorded | None = None
     superseded: UUID | None = None
@@ -149,6 +150,12 @@ async def request(
             recorded = ledger.Recorded.from_row(existing)
             same = hmac.compare_digest(recorded.request_hash, new.request_hash)
             return Requested("admitted" if same else "conflict", recorded=recorded)
+        if await tx.fetchval(Q["proposal_with_other_content"], new.tenant_id,
+                             new.operation_id, new.proposal_id, new.request_hash):
+            # One proposal id, one content: ingress and the planner never reuse an id, so
+            # this is an envelope replayed with new arguments (issue 17 §6). It must not
+            # supersede what the principal really asked for.
+            return Requested("replayed_envelope")
         pending_row = await tx.fetchrow(Q["pending_for_operation"], new.tenant_id,
                                         new.operation_id)
         superseded = None

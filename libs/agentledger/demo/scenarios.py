@@ -280,13 +280,17 @@ async def budget_runs_out(s: Story) -> None:
                          "acks": "all"})
     ops = [uuid.uuid4() for _ in range(steps)]
     for n, op in enumerate(ops, 1):
+        arguments: dict[str, Any] = {"customer_id": "c-1001", "body": f"step {n} of {steps}"}
         proposal = proposals.ProposalV1(
             proposal_id=uuid.uuid4(), tenant_id=w.tenant, principal_id="user:alice",
-            operation_id=op, action="crm.note.create",
-            arguments={"customer_id": "c-1001", "body": f"step {n} of {steps}"},
+            operation_id=op, action="crm.note.create", arguments=arguments,
             target="c-1001", planner=proposals.PlannerInfo(name="demo-runtime"),
             identity=signer.sign(tenant_id=w.tenant, principal_id="user:alice",
-                                 operation_id=op, request_id=request_id, roles=["user"]),
+                                 operation_id=op, request_id=request_id, roles=["user"],
+                                 binding=identity.proposal_binding(
+                                     tenant_id=w.tenant, principal_id="user:alice",
+                                     action="crm.note.create", target="c-1001",
+                                     arguments=arguments, expected_revision=None)),
             created_at=datetime.now(UTC))
         producer.produce(w.topic(topics.PROPOSALS), key=str(w.tenant).encode(),
                          value=proposal.model_dump_json(by_alias=True).encode())

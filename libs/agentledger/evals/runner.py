@@ -233,7 +233,9 @@ async def _run_case(case: dataset.Case, adapter: adapters.Adapter, ctx: _Context
         request_id=request_id, tenant_id=case.tenant_id, principal_id=case.principal.id,
         operation_id=operation_id, goal=case.goal, resource=case.resource,
         identity=ctx.signer.sign(tenant_id=case.tenant_id, principal_id=case.principal.id,
-                                 operation_id=operation_id, request_id=request_id),
+                                 operation_id=operation_id, request_id=request_id,
+                                 binding=identity.request_binding(goal=case.goal,
+                                                                  resource=case.resource)),
         created_at=ctx.now)
     try:
         proposed = await planner.propose(request, now=ctx.now)

@@ -8,7 +8,6 @@ arguments outside its closed schema are not even proposed (admission checks agai
 from __future__ import annotations
 
 import logging
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
@@ -24,11 +23,6 @@ from agentledger.policy import allowlist as allowlist_mod
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("agentledger.planning")
-
-# One request yields at most one proposal; its id is derived so a redelivered request
-# re-publishes the same proposal id.
-_PROPOSAL_NAMESPACE = uuid.UUID("0d6c1f7a-4b2e-5c39-8e1d-7a9b3c5e2f40")
-
 
 class Retriever(Protocol):
     async def snapshot(self, tenant_id: UUID, resource_id: str) -> retrieval.Snapshot:
@@ -66,6 +60,9 @@ class Proposer:
         identity.check_bound(who, tenant_id=request.tenant_id,
                              principal_id=request.principal_id,
                              operation_id=request.operation_id)
+        # The goal and resource ingress accepted, not a rewrite (issue 17 §6).
+        identity.check_content(who, identity.request_binding(goal=request.goal,
+                                                             resource=request.resource))
         with tracer.start_as_current_span("planning") as span:
             span.set_attribute("agentledger.planner", self.adapter.name)
             result = await self._plan(request, who, now or datetime.now(UTC))
@@ -113,7 +110,9 @@ class Proposer:
                     and plan.target == snapshot.resource_id else None)
         try:
             return proposals.ProposalV1(
-                proposal_id=uuid.uuid5(_PROPOSAL_NAMESPACE, str(request.request_id)),
+                # One request yields at most one proposal; its id is derived so a redelivered
+                # request re-publishes the same proposal id (and admission can bind it).
+                proposal_id=identity.planned_proposal_id(request.request_id),
                 tenant_id=who.tenant_id, principal_id=who.principal_id,
                 operation_id=who.operation_id, action=plan.action, arguments=plan.arguments,
                 target=plan.target, expected_revision=revision,
