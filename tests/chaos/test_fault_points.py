@@ -61,6 +61,17 @@ def test_kill_executor_after_the_remote_write_before_the_receipt(chaos: Pipeline
     _assert_zeros(report)
 
 
+def test_kill_billing_executor_after_its_claim_sends_each_refund_once(chaos: Pipeline) -> None:
+    # Issue 17 §4: killed after the claim, before any call: nothing reached the provider, so
+    # even a provider that can neither dedupe nor be asked gets each refund exactly once —
+    # the expired claim carries no pre-call stamp and is requeued, never `unknown`.
+    report = _run(chaos, "executor.after_claim", "executor-billing", refunds=True)
+    report.point = "executor.after_claim (billing)"
+    assert report.unknowns == 0, report
+    _assert_zeros(report)
+    assert report.effects == report.commands, report
+
+
 def test_kill_billing_executor_after_the_remote_write_leaves_unknown(chaos: Pipeline) -> None:
     # Non-idempotent provider, lost answer: `unknown`, never an invented success.
     report = _run(chaos, "executor.after_remote_write", "executor-billing", refunds=True)

@@ -44,8 +44,8 @@ def test_kill_the_reconciler_mid_lookup(chaos: Pipeline) -> None:
 
 def test_a_paused_worker_past_its_lease_cannot_finalize(chaos: Pipeline, tmp_path: object) -> None:
     # Worker A stops itself (SIGSTOP) right after claiming; its lease expires; the reconciler
-    # takes over and requeues; worker B (same group) dispatches. Then A resumes, makes its
-    # call with the same key (the CRM replays) and is fenced out of finalizing.
+    # takes over and requeues; worker B (same group) dispatches. Then A resumes: its pre-call
+    # check on the ledger finds the claim gone, so it never calls and is fenced out.
     # B joins only once A has paused: while the note is on its way A is the group's only
     # member, so A claims it whichever partition it lands on (never a race for the partition).
     started, baseline = time.monotonic(), harness.effect_baseline(chaos)

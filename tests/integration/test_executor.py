@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import uuid
 from collections.abc import AsyncIterator, Callable
 
 import asyncpg
@@ -357,3 +358,72 @@ async def test_a_record_on_the_wrong_topic_is_never_claimed_by_a_worker_without_
     assert begun.claim is not None
     assert await world.dispatcher().complete(begun.claim) == "succeeded"
     assert len(await world.effects(t, "refund.created")) == 1
+
+
+async def _expire(world: World, op: uuid.UUID) -> None:
+    async with world.owner.acquire() as conn:  # the clock moving past the lease, in one statement
+        await conn.execute("UPDATE agent_command SET lease_until = now() - interval '1 second' "
+                           "WHERE operation_id = $1 AND state = 'dispatching'", op)
+
+
+async def test_a_refund_whose_worker_stopped_before_the_call_is_requeued_not_unknown(world: World) -> None:
+    # Issue 17 §4: a claim that expired before any call reached the connector was recorded
+    # `unknown` for a provider that can neither dedupe nor be asked — an operator's problem
+    # although nothing was sent. The pre-call check stamps every attempt that may have
+    # reached the connector; an expired claim without a stamp is requeued.
+    t = await world.tenant()
+    op = await world.admit(t, REFUND, {"invoice_id": "inv-s", "amount_minor": 900, "currency": "EUR",
+                                       "reason": "stopped before the call"})
+    stalled = world.dispatcher("stalled")
+    begun = await stalled.begin(t.tenant_id, op)
+    assert begun.claim is not None
+    await _expire(world, op)
+    assert (await world.reconciler().sweep())[op] == "requeued"
+    row = await world.row(t, op)
+    assert (row["state"], row["outcome_reason"]) == (
+        "pending", "the lease expired before any call reached the connector: nothing was sent")
+    # The stalled worker wakes: its pre-call check finds the claim gone; it does not call.
+    with pytest.raises(errors.StaleClaim):
+        await stalled.complete(begun.claim)
+    assert await world.effects(t, "refund.created") == []
+    again = await world.dispatcher().begin(t.tenant_id, op)
+    assert again.claim is not None
+    assert await world.dispatcher().complete(again.claim) == "succeeded"
+    assert len(await world.effects(t, "refund.created")) == 1
+    async with world.pool.acquire() as conn:
+        tried = await dispatch.attempts(conn, t.tenant_id, op)
+    first = next(a for a in tried if a["worker_id"] == "stalled")
+    assert (first["sent_at"], first["result"]) == (None, "abandoned")
+    assert [a["sent_at"] is not None for a in tried if a["result"] == "succeeded"] == [True]
+
+
+async def test_a_refund_whose_call_may_have_been_sent_stays_unknown(world: World) -> None:
+    # The other side of the stamp: once the pre-call check passed, the call may have reached
+    # the provider; a lease that expires then is `unknown` for a `none` contract, as before.
+    t = await world.tenant()
+    op = await world.admit(t, REFUND, {"invoice_id": "inv-u", "amount_minor": 901, "currency": "EUR",
+                                       "reason": "sent then silent"})
+    worker = world.dispatcher()
+    begun = await worker.begin(t.tenant_id, op)
+    assert begun.claim is not None
+    async with world.pool.acquire() as conn:
+        await dispatch.mark_sending(conn, begun.claim)  # the check a call passes, then a crash
+    await _expire(world, op)
+    assert (await world.reconciler().sweep())[op] == "unknown"
+    assert (await world.row(t, op))["state"] == "unknown"
+
+
+async def test_a_worker_whose_lease_ran_out_does_not_call_even_before_a_take_over(world: World) -> None:
+    # The check is the lease on the ledger, not the worker's clock or belief: expired is
+    # expired, whether or not a reconciler has come by yet.
+    t = await world.tenant()
+    op = await world.admit(t, REFUND, {"invoice_id": "inv-e", "amount_minor": 902, "currency": "EUR",
+                                       "reason": "late"})
+    worker = world.dispatcher()
+    begun = await worker.begin(t.tenant_id, op)
+    assert begun.claim is not None
+    await _expire(world, op)
+    with pytest.raises(errors.StaleClaim):
+        await worker.complete(begun.claim)
+    assert await world.effects(t, "refund.created") == []
+    assert (await world.reconciler().sweep())[op] == "requeued"  # and it was never sent

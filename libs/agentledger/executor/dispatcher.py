@@ -241,7 +241,16 @@ class Dispatcher:
         kind: str, first: Link | None,
     ) -> tuple[base.Result, Link]:
         """One connector call in its own ``attempt`` span; a reconnect or a resend links to
-        the first attempt. Returns the result and the link to the first attempt."""
+        the first attempt. Returns the result and the link to the first attempt.
+
+        Raises:
+            StaleClaim: The claim is no longer current: the call is not made.
+        """
+        async with self.pool.acquire() as conn:
+            # Immediately before the call, on the ledger and not from memory: a worker that
+            # stalled past its lease (a GC pause, a frozen VM) must not act on a claim that was
+            # taken from it; and an unmarked claim is known never to have sent (issue 17).
+            await dispatch.mark_sending(conn, held)
         with spans.span(tracer, "attempt", kind=SpanKind.CLIENT, links=[first], attributes={
                 spans.OPERATION_ID: str(call.operation_id), spans.ACTION: call.action,
                 spans.CONNECTOR: connector.name, spans.GENERATION: held.generation,

@@ -141,7 +141,15 @@ class Reconciler:
                                         traceparent=spans.traceparent_of())
             if held is None:
                 return "skipped"
+            unsent = held.previous_state == "dispatching" and dispatch.never_sent(
+                await dispatch.attempts(conn, tenant_id, operation_id), held.generation - 1)
             row = await repository.load_command(conn, tenant_id, operation_id)
+        if unsent:
+            # Its holder stopped before any call reached the connector (crashed, cut off, or
+            # fenced at the pre-call check): nothing to look up or doubt, whatever the
+            # contract — send it again, never `unknown`.
+            return await self._requeue(held, "the lease expired before any call reached the "
+                                       "connector: nothing was sent")
         call = base.Call(tenant_id, operation_id, row["action"], row["resource_id"], {},
                          row["expected_revision"])
         if contract.lookup:

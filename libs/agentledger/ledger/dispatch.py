@@ -102,6 +102,41 @@ async def new_attempt(
                  held.lease_until, attempt["attempt_id"], held.previous_state)
 
 
+async def mark_sending(conn: Conn, held: Claim) -> None:
+    """Prove the claim is current, on the ledger, immediately before a connector call.
+
+    Marks the attempt as one that may have reached the connector (``sent_at``): the
+    reconciler treats an expired claim none of whose attempts was marked as never sent.
+
+    Raises:
+        StaleClaim: The claim was taken over or its lease expired: the caller must not call
+            (the attempt is closed as ``abandoned``). A database error propagates: no ledger,
+            no call.
+    """
+    async with repository.transaction(conn, held.tenant_id) as tx:
+        marked = await tx.fetchval(Q["mark_sending"], held.tenant_id, held.operation_id,
+                                   held.token, held.attempt_id)
+        if marked is None:
+            await tx.execute(Q["finish_attempt"], held.tenant_id, held.attempt_id, "abandoned",
+                             "the claim was taken over or its lease expired before the call; "
+                             "nothing was sent")
+    if marked is None:
+        raise errors.StaleClaim("the claim is no longer current; the call was not made",
+                                operation_id=str(held.operation_id))
+
+
+def never_sent(tried: Sequence[dict[str, Any]], generation: int) -> bool:
+    """Whether the claim of ``generation`` — taken from ``pending`` — made no attempt that may
+    have reached its connector (none marked by ``mark_sending``).
+
+    Only a claim taken from ``pending`` (a ``dispatch`` attempt first) qualifies: before it,
+    nothing was outstanding. A take-over's history reaches further back, so it never does.
+    """
+    held = [a for a in tried if a["fencing_generation"] == generation]
+    return bool(held) and held[0]["kind"] == "dispatch" and all(
+        a["sent_at"] is None for a in held)
+
+
 async def finish_attempt(conn: Conn, held: Claim, result: str, detail: str) -> None:
     """Close an attempt without finalizing the command (e.g. before a resend)."""
     async with repository.transaction(conn, held.tenant_id) as tx:

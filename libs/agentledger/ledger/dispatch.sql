@@ -44,6 +44,21 @@ INSERT INTO command_attempt (tenant_id, operation_id, fencing_generation, worker
 VALUES ($1, $2, $3, $4, $5, $6)
 RETURNING attempt_id, started_at;
 
+-- name: mark_sending --
+-- Right before a call reaches the connector: proves the claim is still this worker's and its
+-- lease unexpired, and marks the attempt as one that may have reached it (issue 17). The
+-- command row is locked FOR SHARE, so a take-over either commits first (the token differs:
+-- no row, the worker must not call) or waits for this mark and then sees it.
+WITH current_claim AS (
+  SELECT 1 FROM agent_command
+  WHERE tenant_id = $1 AND operation_id = $2 AND claim_token = $3 AND state = 'dispatching'
+    AND lease_until > now()
+  FOR SHARE
+)
+UPDATE command_attempt SET sent_at = coalesce(sent_at, now())
+WHERE tenant_id = $1 AND attempt_id = $4 AND EXISTS (SELECT 1 FROM current_claim)
+RETURNING sent_at;
+
 -- name: finish_attempt --
 -- The attempt's end and what came back.
 UPDATE command_attempt SET finished_at = now(), result = $3, detail = $4
@@ -61,8 +76,8 @@ RETURNING fencing_generation;
 
 -- name: attempts --
 -- Every attempt of a command, oldest first.
-SELECT attempt_id, fencing_generation, worker_id, kind, started_at, finished_at, result, detail,
-       traceparent
+SELECT attempt_id, fencing_generation, worker_id, kind, started_at, sent_at, finished_at, result,
+       detail, traceparent
 FROM command_attempt WHERE tenant_id = $1 AND operation_id = $2 ORDER BY started_at, attempt_id;
 
 -- name: release --

@@ -83,6 +83,8 @@ command_attempt = Table(
     Column("result", Text),
     Column("detail", Text),
     Column("traceparent", Text),
+    # When the pre-call check stamped it (0014): it may have reached the connector.
+    _ts("sent_at"),
     ForeignKeyConstraint(
         ["tenant_id", "operation_id"],
         ["agent_command.tenant_id", "agent_command.operation_id"],
