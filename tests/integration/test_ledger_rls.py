@@ -51,6 +51,56 @@ async def test_roles_are_least_privilege(db: asyncpg.Connection) -> None:
     assert all(f["relrowsecurity"] and f["relforcerowsecurity"] for f in forced), forced
 
 
+async def test_no_security_definer_function_runs_with_a_login_superuser_or_rls_bypassing_owner(
+    db: asyncpg.Connection,
+) -> None:
+    # Issue 17 §7: the functions of 0004-0006 and 0010-0012 ran as the migrating role (a
+    # superuser locally), bypassing row security and every grant.
+    definers = await db.fetch(
+        "SELECT p.oid::regprocedure::text AS fn, r.rolname, r.rolsuper, r.rolbypassrls, r.rolcanlogin "
+        "FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace JOIN pg_roles r ON r.oid = p.proowner "
+        "WHERE n.nspname = 'public' AND p.prosecdef")
+    names = {d["fn"].split("(")[0] for d in definers}
+    assert {"agentledger_needs_reconciliation", "agentledger_stranded_pending", "agentledger_expire_approvals",
+            "agentledger_copy_audit_event", "agentledger_budget_reserve"} <= names, names
+    for d in definers:
+        assert not (d["rolsuper"] or d["rolbypassrls"] or d["rolcanlogin"]), dict(d)
+        assert d["rolname"] in ("agentledger_sweeper", "agentledger_audit_writer",
+                                "agentledger_budget_keeper"), dict(d)
+
+
+async def test_the_sweepers_functions_still_serve_the_reconciler_across_tenants(
+    db: asyncpg.Connection, admitted: repository.NewCommand,
+) -> None:
+    # Owned by a role under row security, the cross-tenant searches still see every tenant's
+    # keys (their policies), and the audit copy still lands (its own owner). Rolled back: the
+    # module's other tests count what the searches find.
+    outer = db.transaction()
+    await outer.start()
+    try:
+        await db.execute("UPDATE agent_command SET state = 'dispatching', lease_until = now() - interval '1 s', "
+                         "claim_token = gen_random_uuid(), claimed_by = 'w1', fencing_generation = 1 "
+                         "WHERE operation_id = $1", admitted.operation_id)
+        await db.execute("SET ROLE agentledger_reconciler")
+        found = await db.fetch("SELECT * FROM agentledger_needs_reconciliation(100, ARRAY['crm'], 10)")
+        stranded = await db.fetch("SELECT * FROM agentledger_stranded_pending(100, interval '0 s')")
+        expired = await db.fetch("SELECT * FROM agentledger_expire_approvals(100)")
+        await db.execute("RESET ROLE")
+        assert admitted.operation_id in {r["operation_id"] for r in found}
+        assert isinstance(stranded, list) and isinstance(expired, list)
+        count = "SELECT count(*) FROM audit_event WHERE operation_id = $1"
+        before = await db.fetchval(count, admitted.operation_id)
+        await db.execute("SET ROLE agentledger_executor")
+        await db.execute("SELECT set_config('agentledger.tenant_id', $1, true)", str(admitted.tenant_id))
+        await db.execute("INSERT INTO event_outbox (tenant_id, operation_id, aggregatetype, aggregateid, type, "
+                         "payload) VALUES ($1, $2, 'audit', $3, 'test.copied', '{}')",
+                         admitted.tenant_id, admitted.operation_id, str(admitted.tenant_id))
+        await db.execute("RESET ROLE")
+        assert await db.fetchval(count, admitted.operation_id) == before + 1
+    finally:
+        await outer.rollback()
+
+
 @pytest.mark.parametrize("role", ["agentledger_admission", "agentledger_executor",
                                   "agentledger_reconciler", "agentledger_auditor"])
 async def test_another_tenant_sees_nothing_and_no_tenant_sees_nothing(
