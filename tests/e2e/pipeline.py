@@ -24,7 +24,7 @@ import psycopg2
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
-from agentledger import identity
+from agentledger import identity, logins
 from tests.helpers import wait_until
 from tests.integration import identities, processes
 from tests.integration.crm.conftest import Crm, run_crm
@@ -228,8 +228,10 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
         asyncio.run(crm.customer(tenant, customer, email="ada@example.com"))
         tokens = {scope: asyncio.run(crm.token(tenant, scope)) for scope in ("read", "write", "lookup")}
         asyncio.run(identities.put_principals(database_url, tenant, identities.DEFAULT_PRINCIPALS))
-        common = {"AGENTLEDGER_DATABASE_URL": database_url, "AGENTLEDGER_KAFKA_BOOTSTRAP": bootstrap,
+        common = {"AGENTLEDGER_KAFKA_BOOTSTRAP": bootstrap,
                   "AGENTLEDGER_MASTER_KEY": base64.b64encode(os.urandom(32)).decode()}
+        # Each service logs in as its own role, as in production: never as the owner (issue 17).
+        login_urls = asyncio.run(logins.ensure(database_url))
         p = Pipeline(bootstrap, database_url, crm, ns, tenant, customer, tokens)
         read_tokens = {tenant: tokens["read"]}
         if console:
@@ -242,8 +244,10 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
         stack.callback(relay_support.drop_slot, database_url, slot)
 
         def start(name: str, module: str, own: dict[str, str], ready: Any, timeout: float = 90) -> None:
+            login = login_urls.get(name.split("-")[0])
+            db = {"AGENTLEDGER_DATABASE_URL": login} if login else {}
             p.services[name] = stack.enter_context(processes.running(
-                module, {**common, **own, **(env or {}).get(name, {})}, logs / f"{name}.log",
+                module, {**common, **db, **own, **(env or {}).get(name, {})}, logs / f"{name}.log",
                 ready=ready, timeout=timeout))
             p.ready[name] = ready
 

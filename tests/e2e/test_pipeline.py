@@ -12,9 +12,11 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import asyncpg
 import psycopg2
 import pytest
 
+from agentledger import logins
 from tests.e2e.pipeline import Pipeline, pipeline
 from tests.helpers import wait_until
 from tests.stack import Stack
@@ -120,3 +122,37 @@ def test_the_audit_topic_carries_the_same_events_as_the_audit_ledger(world: Pipe
         assert wait_until(poll, timeout=60, interval=0), (topic, ledger)
     finally:
         consumer.close()
+
+
+def test_every_service_logs_in_as_its_own_role_and_reset_role_gains_nothing(world: Pipeline) -> None:
+    # Issue 17 §7: the stack used to connect every service as the owner (a superuser) and
+    # SET ROLE — no boundary, since RESET ROLE gives the superuser back. Each service now
+    # logs in as its own role, as the Kubernetes secrets prescribe.
+    world.wait_state(world.propose("crm.note.create", {"body": "who am I"}), "succeeded", timeout=60)
+
+    async def sessions() -> dict[str, Any]:
+        conn = await asyncpg.connect(world.database_url)
+        try:
+            rows = await conn.fetch(
+                "SELECT a.usename, r.rolsuper, r.rolbypassrls FROM pg_stat_activity a "
+                "JOIN pg_roles r ON r.rolname = a.usename WHERE a.datname = current_database() "
+                "AND a.pid <> pg_backend_pid() AND a.backend_type IN ('client backend', 'walsender')")
+            return {r["usename"]: (r["rolsuper"], r["rolbypassrls"]) for r in rows}
+        finally:
+            await conn.close()
+    seen = asyncio.run(sessions())
+    for service in ("admission", "executor", "reconciler", "relay"):
+        assert logins.login_name(service) in seen, seen
+    assert all(not (su or bypass) for su, bypass in seen.values()), seen
+
+    async def after_reset() -> tuple[str, bool, int]:
+        conn = await asyncpg.connect(logins.url_for(world.database_url, "executor"))
+        try:
+            await conn.execute("RESET ROLE")
+            who = await conn.fetchval("SELECT current_user")
+            su = await conn.fetchval("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+            visible = await conn.fetchval("SELECT count(*) FROM agent_command")  # no tenant bound
+            return who, su, visible
+        finally:
+            await conn.close()
+    assert asyncio.run(after_reset()) == ("agentledger_executor_login", False, 0)

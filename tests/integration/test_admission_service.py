@@ -20,7 +20,7 @@ import httpx
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from agentledger import identity
+from agentledger import identity, logins
 from agentledger.contracts import topics
 from tests.helpers import wait_until
 from tests.integration import identities, processes
@@ -84,7 +84,8 @@ def world(stack: Stack, make_database: Callable[[], str], database_url: str,
         proposals, admissions = f"agent.proposals.t{suffix}.v1", f"agent.admissions.t{suffix}.v1"
         group = f"admission-{suffix}"
         env = {
-            "AGENTLEDGER_DATABASE_URL": database_url, "AGENTLEDGER_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
+            "AGENTLEDGER_DATABASE_URL": asyncio.run(logins.ensure(database_url, ("admission",)))["admission"],
+            "AGENTLEDGER_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
             "AGENTLEDGER_MASTER_KEY": base64.b64encode(os.urandom(32)).decode(),
             "AGENTLEDGER_ADMISSION_CRM_URL": crm_url,
             "AGENTLEDGER_ADMISSION_CRM_READ_TOKENS": json.dumps(tenants),

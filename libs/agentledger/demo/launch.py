@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentledger import migrations, settings
+from agentledger import logins, migrations, settings
 from agentledger.contracts import topics
 from agentledger.demo import seed, stack
 from agentledger.kafka import topics as kafka_topics
@@ -116,6 +116,11 @@ def prepare(opts: Options, step: Step) -> tuple[str, str, str]:
     return ledger_url, crm_url, f"{opts.prefix}.{secrets.token_hex(3)}."
 
 
+def _database(login_urls: dict[str, str], service: str) -> dict[str, str]:
+    url = login_urls.get(service)
+    return {"AGENTLEDGER_DATABASE_URL": url} if url else {}
+
+
 def launch(opts: Options, step: Step) -> World:
     """Start every service and seed the world; the returned world is saved to state.json."""
     ledger_url, crm_db, ns = prepare(opts, step)
@@ -128,8 +133,11 @@ def launch(opts: Options, step: Step) -> World:
     ports = {name: stack.free_port(preferred) for name, preferred in (
         ("crm", 8090), ("ingress", 8080), ("console", 8070), ("model", 8099))}
     url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-    base = {"AGENTLEDGER_DATABASE_URL": ledger_url, "AGENTLEDGER_KAFKA_BOOTSTRAP": bootstrap,
-            "AGENTLEDGER_MASTER_KEY": keys.master_key_b64}
+    base = {"AGENTLEDGER_KAFKA_BOOTSTRAP": bootstrap, "AGENTLEDGER_MASTER_KEY": keys.master_key_b64}
+    # Every service logs in as its own role, as in production — never as the ledger's owner,
+    # whose SET ROLE a RESET ROLE would undo (issue 17). Ingress needs no database at all.
+    login_urls = asyncio.run(logins.ensure(
+        ledger_url, ("admission", "executor", "reconciler", "relay", "console")))
 
     step("starting the CRM stand-in and the fake model")
     first = [
@@ -231,7 +239,8 @@ def launch(opts: Options, step: Step) -> World:
     step(f"starting {len(env)} services: " + ", ".join(env))
     module = {"executor-crm": "executor", "executor-billing": "executor"}
     started = [stack.start(opts.home, name, f"agentledger.services.{module.get(name, name)}",
-                           {**base, **own}) for name, own in env.items()]
+                           {**base, **_database(login_urls, module.get(name, name)), **own})
+               for name, own in env.items()]
     stack.wait_ready(started, probes, on_ready=lambda name: step(f"{name} is ready"))
     tokens = {p: keys.session(acme.tenant_id, p, roles) for p, roles in seed.PRINCIPALS.items()}
     world = World(

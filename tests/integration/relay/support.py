@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import signal
@@ -17,6 +18,7 @@ import psycopg2
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from agentledger import logins
 from tests.helpers import wait_until
 
 CONNECTORS = ("crm", "billing", "shipping")
@@ -142,7 +144,8 @@ class Relay:
     def start(self, **env: str) -> subprocess.Popen[bytes]:
         environ = {
             **os.environ,
-            "AGENTLEDGER_DATABASE_URL": self.database_url,
+            # The relay's own login, as in production (issue 17): REPLICATION, its group role.
+            "AGENTLEDGER_DATABASE_URL": asyncio.run(logins.ensure(self.database_url, ("relay",)))["relay"],
             "AGENTLEDGER_KAFKA_BOOTSTRAP": self.bootstrap,
             "AGENTLEDGER_RELAY_SLOT": self.slot,
             "AGENTLEDGER_RELAY_TOPIC_NAMESPACE": self.namespace,
