@@ -11,6 +11,7 @@ and the command is admitted once (R4) — or persisted as a pending approval req
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -280,6 +281,14 @@ class Admitter:
         key_version: int, trace: common.TraceContext | None,
         record: Any, base: dict[str, Any],
     ) -> AdmissionResultV1:
+        # Evidence excerpts are business data the planner read: encrypted at rest like the
+        # payload (R3.6); the row keeps refs, sources and digests in the clear.
+        full = [e.model_dump(mode="json") for e in proposal.evidence]
+        sealed: tuple[bytes, int] | tuple[None, None] = (None, None)
+        if full:
+            sealed = await self.cipher.encrypt(
+                conn, proposal.tenant_id, approvals.evidence_aad(proposal.operation_id),
+                json.dumps(full).encode())
         requested = await approvals.request(conn, approvals.NewApproval(
             tenant_id=proposal.tenant_id, operation_id=proposal.operation_id,
             proposal_id=proposal.proposal_id, principal_id=proposal.principal_id,
@@ -288,7 +297,8 @@ class Admitter:
             payload_ciphertext=ciphertext, payload_key_version=key_version,
             policy_version=decision.policy_version, allowlist_version=self.allowlist.version,
             decision_id=decision.decision_id, risk=spec.risk,
-            evidence=[e.model_dump(mode="json") for e in proposal.evidence],
+            evidence=[{k: v for k, v in e.items() if k != "excerpt"} for e in full],
+            evidence_ciphertext=sealed[0], evidence_key_version=sealed[1],
             expires_at=_now() + self.approval_ttl,
             traceparent=trace.traceparent if trace else None,
             tracestate=trace.tracestate if trace else None,

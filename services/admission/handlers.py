@@ -38,4 +38,4 @@ def register(
         # seek back and redeliver. Poison messages are dead-lettered and acked by `guarded`.
         ack_policy=AckPolicy.NACK_ON_ERROR,
         decoder=handling.raw_body,
-    )(handling.guarded(broker, on_proposal))
+    )(handling.guarded(broker, on_proposal, payload_topic=True))

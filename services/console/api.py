@@ -71,7 +71,7 @@ def detail(r: review.Review) -> dict[str, Any]:
         "changes": [{"field": c.name, "before": c.before, "after": c.after,
                      "changed": c.changed} for c in r.changes],
         # Untrusted data the planner read: a client must render it as text, never as markup.
-        "evidence": [{**e, "untrusted": True} for e in r.approval.evidence],
+        "evidence": [{**e, "untrusted": True} for e in r.shown_evidence],
     }
 
 

@@ -99,6 +99,12 @@ class Review:
     arguments: dict[str, Any] | None
     current: Current
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
+    # Decrypted evidence with excerpts (untrusted data); the stored refs when none.
+    evidence: list[dict[str, Any]] | None = None
+
+    @property
+    def shown_evidence(self) -> list[dict[str, Any]]:
+        return self.evidence if self.evidence is not None else self.approval.evidence
 
     @property
     def state(self) -> str:
@@ -195,10 +201,14 @@ class Console:
             await policy_repo.require_approver(conn, session.tenant_id, session.principal_id)
             approval = await approvals.get(conn, session.tenant_id, approval_id)
             arguments = await self._arguments(conn, approval)
+            evidence = await self._evidence(conn, approval)
         current = await self.records.fetch(session.tenant_id, approval.resource_id)
-        return Review(approval, self.allowlist.actions.get(approval.action), arguments, current)
+        return Review(approval, self.allowlist.actions.get(approval.action), arguments, current,
+                      evidence=evidence)
 
     async def _arguments(self, conn: ledger.Conn, a: approvals.Approval) -> dict[str, Any] | None:
+        if a.payload_ciphertext is None or a.payload_key_version is None:
+            return None  # purged by retention, long after the decision
         try:
             plain = await self.cipher.decrypt(conn, a.tenant_id, a.operation_id,
                                               a.payload_ciphertext, a.payload_key_version)
@@ -207,6 +217,20 @@ class Console:
             return None
         value = json.loads(plain)
         return value if isinstance(value, dict) else None
+
+    async def _evidence(self, conn: ledger.Conn, a: approvals.Approval
+                        ) -> list[dict[str, Any]] | None:
+        """The evidence with its excerpts, decrypted (None: none sealed, or unreadable)."""
+        if a.evidence_ciphertext is None or a.evidence_key_version is None:
+            return None
+        try:
+            plain = await self.cipher.decrypt(conn, a.tenant_id, approvals.evidence_aad(
+                a.operation_id), a.evidence_ciphertext, a.evidence_key_version)
+        except errors.DecryptionFailed:
+            log.warning("event=approval_evidence_unreadable approval_id=%s", a.approval_id)
+            return None
+        value = json.loads(plain)
+        return [e for e in value if isinstance(e, dict)] if isinstance(value, list) else None
 
     async def decide(
         self, session: identity.Session, approval_id: UUID, *, approve: bool, shown_hash: str,

@@ -100,4 +100,4 @@ def register_gateway_entry(broker: KafkaBroker, gate: intake.Intake, *, topic: s
         # and acked by `guarded`, a Kafka outage (retryable) redelivers.
         ack_policy=AckPolicy.NACK_ON_ERROR,
         decoder=handling.raw_body,
-    )(handling.guarded(broker, on_gateway_proposal))
+    )(handling.guarded(broker, on_gateway_proposal, payload_topic=True))

@@ -52,4 +52,4 @@ def register(broker: KafkaBroker, planner: Planner, *, group_id: str,
         # (retryable) redeliver, invalid requests and envelopes are dead-lettered.
         ack_policy=AckPolicy.NACK_ON_ERROR,
         decoder=handling.raw_body,
-    )(handling.guarded(broker, on_request))
+    )(handling.guarded(broker, on_request, payload_topic=True))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import os
 import uuid
@@ -37,6 +38,7 @@ class World:
         self.proposals, self.admissions, self.crm_url, self.tenants = proposals, admissions, crm_url, tenants
         self.producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "enable.idempotence": True, "acks": "all"})
         self.results: dict[str, dict[str, Any]] = {}
+        self.sent: dict[str, bytes] = {}  # proposal id -> the bytes produced
         self.consumer = Consumer({"bootstrap.servers": stack.kafka_bootstrap, "group.id": f"t-{uuid.uuid4().hex}",
                                   "auto.offset.reset": "earliest", "enable.auto.commit": False})
         self.consumer.subscribe([admissions])
@@ -45,6 +47,8 @@ class World:
         if isinstance(value, dict) and signed and "identity" not in value:
             value = identities.sign(value)
         raw = value if isinstance(value, bytes) else json.dumps(value).encode()
+        if isinstance(value, dict):
+            self.sent[str(value.get("proposal_id"))] = raw
         self.producer.produce(self.proposals, key=key.encode(), value=raw,
                               headers=[("traceparent", b"00-" + b"c" * 32 + b"-" + b"d" * 16 + b"-01")])
         assert self.producer.flush(15) == 0
@@ -127,7 +131,10 @@ def dead_letter_of(world: World, proposal_id: str) -> dict[str, Any]:
         msg = consumer.poll(0.5)
         if msg is not None and msg.error() is None:
             record = json.loads(msg.value())
-            if proposal_id in base64.b64decode(record["value_b64"]).decode(errors="replace"):
+            # Proposals carry payloads: their dead letters keep a digest, never the bytes.
+            if record["value_sha256"] == hashlib.sha256(world.sent[proposal_id]).hexdigest():
+                assert (record["value_b64"], record["value_kept"]) == ("", False), record
+                assert MARKER not in msg.value().decode(errors="replace")
                 found.append(record)
         return bool(found)
     try:
@@ -227,12 +234,23 @@ async def test_no_plaintext_payload_in_a_database_dump(world: World) -> None:
     p = proposal(world)
     world.send(p)
     assert world.result_for(p["proposal_id"])["status"] == "admitted"
+    # A refund waiting for a person, with an evidence excerpt the planner read (issue 17 §5:
+    # approval requests kept evidence in plaintext jsonb).
+    r = _refund(world, 4200, evidence=[{"ref": "E1", "source": "crm:customers/cust-a", "sha256": "0" * 64,
+                                        "fetched_at": datetime.now(UTC).isoformat(),
+                                        "excerpt": f"customer said {MARKER}"}])
+    world.send(r)
+    assert world.result_for(r["proposal_id"])["status"] == "pending_approval"
+    stored = await _rows(world.database_url, "SELECT evidence, evidence_ciphertext FROM approval_request "
+                         "WHERE operation_id=$1", uuid.UUID(r["operation_id"]))
+    assert stored[0]["evidence_ciphertext"] is not None
+    assert [e["ref"] for e in json.loads(stored[0]["evidence"])] == ["E1"]  # refs and digests stay
     pg_dump = shutil.which("pg_dump") or "/usr/lib/postgresql/15/bin/pg_dump"
     done = await asyncio.to_thread(subprocess.run, [pg_dump, "--data-only", world.database_url],
                                    capture_output=True, check=True, timeout=120)
     dump = done.stdout.decode(errors="replace")
-    assert p["operation_id"] in dump  # the dump has the rows...
-    assert MARKER not in dump         # ...but never the payload in clear
+    assert p["operation_id"] in dump and r["operation_id"] in dump  # the dump has the rows...
+    assert MARKER not in dump  # ...but never a payload or an evidence excerpt in clear
 
 
 async def test_identity_is_bound_by_the_envelope_not_by_the_message(world: World) -> None:

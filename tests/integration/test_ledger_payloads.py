@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
 
-from agentledger import crypto, errors
+from agentledger import approvals, crypto, errors
 from agentledger.ledger import keys, repository
 from tests.integration.ledger_factory import new_command
 
@@ -84,3 +86,57 @@ async def test_retention_purges_payloads_but_replay_still_detected(
             replay.recorded.payload_purged) == ("replayed", "succeeded", "r-1", True)
     conflict = await repository.admit(db, dataclasses.replace(done, request_hash=os.urandom(32)))
     assert conflict.status == "conflict"
+
+
+async def _request_approval(db: asyncpg.Connection, cipher: keys.PayloadCipher, excerpt: str) -> approvals.Approval:
+    tenant, op = uuid.uuid4(), uuid.uuid4()
+    blob, version = await cipher.encrypt(db, tenant, op, b'{"amount_minor": 4200}')
+    full = [{"ref": "E1", "source": "crm:customers/c-1", "sha256": "0" * 64,
+             "fetched_at": "2026-12-01T00:00:00+00:00", "excerpt": excerpt}]
+    sealed, sealed_version = await cipher.encrypt(db, tenant, approvals.evidence_aad(op), json.dumps(full).encode())
+    requested = await approvals.request(db, approvals.NewApproval(
+        tenant_id=tenant, operation_id=op, proposal_id=uuid.uuid4(), principal_id="user:alice",
+        action="billing.refund.create", connector="billing", resource_id="c-1", expected_revision=None,
+        request_hash=os.urandom(32), payload_ciphertext=blob, payload_key_version=version,
+        policy_version="cedar/sha256:t", allowlist_version="sha256:t", decision_id=uuid.uuid4(), risk="high",
+        evidence=[{k: v for k, v in e.items() if k != "excerpt"} for e in full],
+        evidence_ciphertext=sealed, evidence_key_version=sealed_version,
+        expires_at=datetime.now(UTC) + timedelta(hours=1)))
+    assert requested.approval is not None
+    return requested.approval
+
+
+async def test_retention_purges_decided_approval_requests_payload_and_evidence(
+    database_url: str, db: asyncpg.Connection, cipher: keys.PayloadCipher
+) -> None:
+    # Issue 17 §5: an approval request kept its payload ciphertext after the decision and the
+    # maintenance role could not reach it; its evidence excerpts rested in plaintext.
+    decided = await _request_approval(db, cipher, "old excerpt")
+    pending = await _request_approval(db, cipher, "live excerpt")
+    assert b"excerpt" not in json.dumps(decided.evidence).encode()  # only refs and digests in clear
+    plain = await cipher.decrypt(db, decided.tenant_id, approvals.evidence_aad(decided.operation_id),
+                                 decided.evidence_ciphertext, decided.evidence_key_version)  # type: ignore[arg-type]
+    assert json.loads(plain)[0]["excerpt"] == "old excerpt"
+    with pytest.raises(errors.DecryptionFailed):  # evidence is never readable as the payload
+        await cipher.decrypt(db, decided.tenant_id, decided.operation_id, decided.evidence_ciphertext,  # type: ignore[arg-type]
+                             decided.evidence_key_version)  # type: ignore[arg-type]
+    await db.execute("UPDATE approval_request SET state = 'denied', decided_by = 'user:bob', "
+                     "decided_at = now() - interval '2 days' WHERE approval_id = $1", decided.approval_id)
+    # A row written before 0016 kept its excerpt in the jsonb: retention strips it too.
+    await db.execute("UPDATE approval_request SET evidence = jsonb_set(evidence, '{0,excerpt}', '\"legacy\"') "
+                     "WHERE approval_id = $1", decided.approval_id)
+    maintenance = await asyncpg.connect(database_url)
+    try:
+        await maintenance.execute("SET ROLE agentledger_maintenance")
+        purged = await repository.purge_payloads(maintenance, older_than_s=86_400)
+    finally:
+        await maintenance.close()
+    assert (decided.tenant_id, decided.operation_id) in purged
+    assert (pending.tenant_id, pending.operation_id) not in purged
+    row = await db.fetchrow("SELECT * FROM approval_request WHERE approval_id = $1", decided.approval_id)
+    assert (row["payload_ciphertext"], row["evidence_ciphertext"]) == (None, None)
+    assert row["payload_purged_at"] is not None and bytes(row["request_hash"]) == decided.request_hash
+    assert json.loads(row["evidence"]) == [{"ref": "E1", "source": "crm:customers/c-1", "sha256": "0" * 64,
+                                            "fetched_at": "2026-12-01T00:00:00+00:00"}]
+    live = await db.fetchrow("SELECT * FROM approval_request WHERE approval_id = $1", pending.approval_id)
+    assert live["payload_ciphertext"] is not None and live["evidence_ciphertext"] is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import uuid
 from collections.abc import Iterator
@@ -403,3 +404,17 @@ def test_a_dead_letter_of_a_nul_key_and_reason_still_builds() -> None:
         error=errors.PoisonMessage("bad \x00 input"), failed_at=NOW)
     assert (record.key_encoding, record.key_bytes()) == ("base64", b"tenant\x00x")
     assert "\x00" not in record.reason
+
+
+def test_a_dead_letter_of_a_payload_topic_keeps_coordinates_and_digest_never_the_bytes() -> None:
+    # Issue 17 §5: DLQs are kept for 30 days; a proposal's arguments must not rest there.
+    value = b'{"arguments": {"body": "SECRET-MARKER"}}'
+    record = dlq.DeadLetterV1.from_raw(topic="agent.proposals.v1", partition=2, offset=41, key=b"t",
+                                       value=value, error=errors.PoisonMessage("bad"),
+                                       failed_at=datetime.now(UTC), keep_value=False)
+    assert (record.value_b64, record.value_kept, record.value_size) == ("", False, len(value))
+    assert record.value_sha256 == hashlib.sha256(value).hexdigest()
+    assert b"SECRET-MARKER" not in record.model_dump_json().encode()
+    kept = dlq.DeadLetterV1.from_raw(topic="exec.crm.v1", partition=0, offset=1, key=None, value=value,
+                                     error=errors.PoisonMessage("bad"), failed_at=datetime.now(UTC))
+    assert kept.value_kept and kept.value_bytes() == value and kept.value_sha256 == record.value_sha256

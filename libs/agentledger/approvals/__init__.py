@@ -8,6 +8,7 @@ from agentledger.approvals.repository import (
     NewApproval,
     Requested,
     decide,
+    evidence_aad,
     expire_due,
     get,
     history,
@@ -15,5 +16,5 @@ from agentledger.approvals.repository import (
     request,
 )
 
-__all__ = ["Approval", "NewApproval", "Requested", "decide", "expire_due", "get", "history",
-           "listing", "request"]
+__all__ = ["Approval", "NewApproval", "Requested", "decide", "evidence_aad", "expire_due", "get",
+           "history", "listing", "request"]

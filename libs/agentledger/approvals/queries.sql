@@ -19,9 +19,9 @@ INSERT INTO approval_request (
   approval_id, tenant_id, operation_id, proposal_id, principal_id, action, connector,
   resource_id, expected_revision, request_hash, payload_ciphertext, payload_key_version,
   policy_version, allowlist_version, decision_id, risk, evidence, expires_at, traceparent,
-  tracestate
+  tracestate, evidence_ciphertext, evidence_key_version
 ) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
-          $19, $20)
+          $19, $20, $21, $22)
 RETURNING *;
 
 -- name: supersede --

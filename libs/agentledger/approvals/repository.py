@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from uuid import UUID
 
 from opentelemetry import trace
@@ -52,10 +52,13 @@ class NewApproval:
     allowlist_version: str
     decision_id: UUID
     risk: str
-    evidence: Sequence[Mapping[str, Any]]
+    evidence: Sequence[Mapping[str, Any]]  # refs, sources, digests: never excerpts
     expires_at: datetime
     traceparent: str | None = None
     tracestate: str | None = None
+    # The full evidence (with excerpts), encrypted with the tenant's key (None: no evidence).
+    evidence_ciphertext: bytes | None = None
+    evidence_key_version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -72,13 +75,15 @@ class Approval:
     resource_id: str
     expected_revision: str | None
     request_hash: bytes
-    payload_ciphertext: bytes
-    payload_key_version: int
+    payload_ciphertext: bytes | None  # None once retention purged a decided request
+    payload_key_version: int | None
     policy_version: str
     allowlist_version: str
     decision_id: UUID
     risk: str
     evidence: list[dict[str, Any]]
+    evidence_ciphertext: bytes | None
+    evidence_key_version: int | None
     state: State
     expires_at: datetime
     created_at: datetime
@@ -96,7 +101,9 @@ class Approval:
         fields = {f: row[f] for f in cls.__dataclass_fields__}
         fields["evidence"] = json.loads(row["evidence"])
         fields["request_hash"] = bytes(row["request_hash"])
-        fields["payload_ciphertext"] = bytes(row["payload_ciphertext"])
+        for blob in ("payload_ciphertext", "evidence_ciphertext"):
+            if row[blob] is not None:
+                fields[blob] = bytes(row[blob])
         return cls(**fields)
 
     @property
@@ -121,6 +128,22 @@ class Requested:
     approval: Approval | None = None
     recorded: ledger.Recorded | None = None
     superseded: UUID | None = None
+
+
+_T = TypeVar("_T")
+
+
+def evidence_aad(operation_id: UUID) -> UUID:
+    """The id the evidence ciphertext of ``operation_id``'s request is bound to: not the
+    payload's, so neither ciphertext can be passed off as the other."""
+    return uuid.uuid5(operation_id, "approval-evidence")
+
+
+def _kept(value: _T | None) -> _T:
+    """A pending request's payload, which the schema keeps until a decision (0016)."""
+    if value is None:
+        raise errors.InvalidTransition("the request's payload was purged: it was decided long ago")
+    return value
 
 
 async def _audit(tx: ledger.Conn, a: Approval, type: str, **extra: Any) -> None:
@@ -175,7 +198,7 @@ async def request(
             new.request_hash, new.payload_ciphertext, new.payload_key_version,
             new.policy_version, new.allowlist_version, new.decision_id, new.risk,
             json.dumps(list(new.evidence), default=str), new.expires_at, new.traceparent,
-            new.tracestate,
+            new.tracestate, new.evidence_ciphertext, new.evidence_key_version,
         )
         created = Approval.from_row(row)
         if superseded is not None:
@@ -318,8 +341,8 @@ async def decide(
                     policy_version=approver_decision.policy_version,
                     allowlist_version=pending.allowlist_version,
                     expires_at=pending.expires_at,
-                    payload_ciphertext=pending.payload_ciphertext,
-                    payload_key_version=pending.payload_key_version,
+                    payload_ciphertext=_kept(pending.payload_ciphertext),
+                    payload_key_version=_kept(pending.payload_key_version),
                     traceparent=resumed_tp, tracestate=resumed_ts,
                 ), audit={"approval_id": str(approval_id), "approved_by": approver})
                 if admitted.status == "conflict":

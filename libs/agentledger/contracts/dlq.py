@@ -1,10 +1,14 @@
 """``*.dlq.v1``: a message that could not be processed, kept for inspection and replay.
 
 The raw bytes travel base64-encoded so nothing is lost to decoding, but bounded: a
-dead-letter record must itself always fit in a Kafka message.
+dead-letter record must itself always fit in a Kafka message. Of a topic that carries
+payloads (arguments, goals, evidence, identity envelopes) only the coordinates, size and
+SHA-256 are kept (``value_kept=False``): the bytes stay on the source topic for its retention,
+and a DLQ kept for 30 days holds no plaintext payload (R3.6, issue 17).
 """
 
 import base64
+import hashlib
 from datetime import datetime
 from typing import Annotated, Final, Literal, Self
 
@@ -38,6 +42,10 @@ class DeadLetterV1(common.Contract):
             base64 of its bytes; ``None`` for a message without key.
         value_b64: Base64 of the raw value, cut to ``MAX_VALUE_BYTES`` (``value_truncated``).
         value_size: The size of the original value in bytes.
+        value_sha256: The SHA-256 of the whole original value (hex), to find it on the source
+            topic at ``partition``/``offset``.
+        value_kept: False when the value was deliberately not copied (a payload topic);
+            ``value_b64`` is then empty.
         error_code: The ``errors.AgentLedgerError.code`` that classified the failure.
     """
 
@@ -50,6 +58,8 @@ class DeadLetterV1(common.Contract):
     value_b64: Annotated[str, StringConstraints(max_length=_b64len(MAX_VALUE_BYTES))]
     value_truncated: bool = False
     value_size: Annotated[int, Field(ge=0)]
+    value_sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    value_kept: bool = True
     error_code: common.ErrorCode
     reason: Annotated[str, StringConstraints(min_length=1, max_length=MAX_REASON_CHARS)]
     failed_at: common.Timestamp
@@ -65,6 +75,7 @@ class DeadLetterV1(common.Contract):
         value: bytes | None,
         error: errors.AgentLedgerError,
         failed_at: datetime,
+        keep_value: bool = True,
     ) -> Self:
         """Build the record for a raw Kafka message, encoding and bounding its bytes.
 
@@ -76,6 +87,7 @@ class DeadLetterV1(common.Contract):
             value: The raw value (``None`` for a tombstone).
             error: Why it could not be processed; only its code and message are kept.
             failed_at: When processing gave up.
+            keep_value: Copy the value's bytes (False for topics that carry payloads).
         """
         text_key: str | None = None
         encoding: Literal["utf8", "base64"] = "utf8"
@@ -100,9 +112,11 @@ class DeadLetterV1(common.Contract):
             key=text_key,
             key_encoding=encoding,
             key_truncated=key_truncated,
-            value_b64=base64.b64encode(raw[:MAX_VALUE_BYTES]).decode("ascii"),
-            value_truncated=len(raw) > MAX_VALUE_BYTES,
+            value_b64=base64.b64encode(raw[:MAX_VALUE_BYTES]).decode("ascii") if keep_value else "",
+            value_truncated=keep_value and len(raw) > MAX_VALUE_BYTES,
             value_size=len(raw),
+            value_sha256=hashlib.sha256(raw).hexdigest(),
+            value_kept=keep_value,
             error_code=error.code,
             reason=common.UNSTORABLE.sub("\ufffd", error.message or error.code)[:MAX_REASON_CHARS],
             failed_at=failed_at,
@@ -115,5 +129,6 @@ class DeadLetterV1(common.Contract):
         return base64.b64decode(self.key) if self.key_encoding == "base64" else self.key.encode()
 
     def value_bytes(self) -> bytes:
-        """The original value bytes (a prefix of them when ``value_truncated``)."""
+        """The original value bytes (a prefix of them when ``value_truncated``; empty when
+        not ``value_kept``)."""
         return base64.b64decode(self.value_b64)

@@ -46,13 +46,16 @@ def _summary(exc: BaseException) -> str:
 
 
 async def dead_letter(
-    broker: KafkaBroker, msg: KafkaMessage, error: errors.AgentLedgerError
+    broker: KafkaBroker, msg: KafkaMessage, error: errors.AgentLedgerError, *,
+    keep_value: bool = True,
 ) -> None:
-    """Publish the raw message and the reason to the source topic's dead-letter topic."""
+    """Publish the message (or, without ``keep_value``, its coordinates and digest) and the
+    reason to the source topic's dead-letter topic."""
     raw: Any = msg.raw_message
     record = dlq.DeadLetterV1.from_raw(
         topic=raw.topic(), partition=raw.partition(), offset=raw.offset(),
         key=raw.key(), value=raw.value(), error=error, failed_at=datetime.now(UTC),
+        keep_value=keep_value,
     )
     await broker.publish(
         record.model_dump_json(by_alias=True).encode(), topic=topics.dlq_topic(raw.topic()),
@@ -84,8 +87,12 @@ async def raw_body(msg: Any) -> bytes:
     return body
 
 
-def guarded(broker: KafkaBroker, handle: Handler) -> Handler:
-    """Wrap a handler so every failure becomes exactly one broker action."""
+def guarded(broker: KafkaBroker, handle: Handler, *, payload_topic: bool = False) -> Handler:
+    """Wrap a handler so every failure becomes exactly one broker action.
+
+    ``payload_topic``: the topic carries payloads (proposals, requests): its dead letters keep
+    coordinates and a digest, never the bytes.
+    """
 
     async def run(msg: KafkaMessage) -> None:
         try:
@@ -97,6 +104,6 @@ def guarded(broker: KafkaBroker, handle: Handler) -> Handler:
                 raise
             if not isinstance(exc, errors.AgentLedgerError | pydantic.ValidationError):
                 log.exception("event=handler_bug")
-            await dead_letter(broker, msg, error)
+            await dead_letter(broker, msg, error, keep_value=not payload_topic)
 
     return run

@@ -70,6 +70,25 @@ INSERT INTO tenant_data_key (tenant_id, key_version, wrapped_key, master_key_id)
 VALUES ($1, $2, $3, $4)
 ON CONFLICT (tenant_id, key_version) DO NOTHING;
 
+-- name: purge_approval_payloads --
+-- Retention (R3.6) of approval requests decided longer ago than the window: both ciphertexts
+-- go, and any excerpt a row written before 0016 kept in plaintext; the hash, the decision and
+-- the evidence's refs and digests stay.
+UPDATE approval_request a
+SET payload_ciphertext = NULL, payload_key_version = NULL, evidence_ciphertext = NULL,
+    evidence_key_version = NULL, payload_purged_at = now(),
+    evidence = coalesce((SELECT jsonb_agg(e - 'excerpt') FROM jsonb_array_elements(a.evidence) e),
+                        '[]'::jsonb)
+WHERE a.approval_id IN (
+  SELECT approval_id FROM approval_request
+  WHERE state <> 'pending' AND payload_purged_at IS NULL
+    AND decided_at < now() - make_interval(secs => $1)
+  ORDER BY decided_at
+  LIMIT $2
+  FOR UPDATE SKIP LOCKED
+)
+RETURNING a.tenant_id, a.operation_id;
+
 -- name: purge_payloads --
 -- Retention (R3.6): drop payloads of commands terminal for longer than the window; the hash,
 -- state and receipt stay, so a late replay is still recognised as replay or conflict.

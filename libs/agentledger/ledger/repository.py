@@ -289,10 +289,13 @@ async def load_command(
 async def purge_payloads(
     conn: Conn, *, older_than_s: float, batch: int = 500
 ) -> list[tuple[UUID, UUID]]:
-    """Purge payloads of commands terminal for longer than ``older_than_s`` (R3.6).
+    """Purge payloads of commands terminal for longer than ``older_than_s``, and the payload
+    and evidence ciphertexts of approval requests decided longer ago (R3.6).
 
-    Runs across tenants (role ``agentledger_maintenance``); returns the purged keys.
+    Runs across tenants (role ``agentledger_maintenance``); returns the keys of every purged
+    row (a command and its approval request may both appear).
     """
     async with transaction(conn, None, timeout=30) as tx:
         rows = await tx.fetch(Q["purge_payloads"], older_than_s, batch)
+        rows += await tx.fetch(Q["purge_approval_payloads"], older_than_s, batch)
     return [(r["tenant_id"], r["operation_id"]) for r in rows]

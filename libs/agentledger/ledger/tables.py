@@ -235,8 +235,8 @@ approval_request = Table(
     Column("resource_id", Text, nullable=False),
     Column("expected_revision", Text),
     Column("request_hash", LargeBinary, nullable=False),
-    Column("payload_ciphertext", LargeBinary, nullable=False),
-    Column("payload_key_version", Integer, nullable=False),
+    Column("payload_ciphertext", LargeBinary),  # NULL once retention purged it (0016)
+    Column("payload_key_version", Integer),
     Column("policy_version", Text, nullable=False),
     Column("allowlist_version", Text, nullable=False),
     Column("decision_id", UUID(as_uuid=True), nullable=False),
@@ -253,6 +253,10 @@ approval_request = Table(
     Column("superseded_by", UUID(as_uuid=True), ForeignKey("approval_request.approval_id")),
     Column("traceparent", Text),
     Column("tracestate", Text),
+    # 0016: evidence excerpts encrypted with the tenant's key; retention's purge time.
+    Column("evidence_ciphertext", LargeBinary),
+    Column("evidence_key_version", Integer),
+    _ts("payload_purged_at"),
 )
 
 
