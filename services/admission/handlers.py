@@ -37,5 +37,5 @@ def register(
         # Commit only after the handler (and its publish) succeeded; on a retryable error
         # seek back and redeliver. Poison messages are dead-lettered and acked by `guarded`.
         ack_policy=AckPolicy.NACK_ON_ERROR,
-        decoder=handling.raw_body,
+        decoder=handling.raw_body, parser=handling.tolerant_parser,
     )(handling.guarded(broker, on_proposal, payload_topic=True))

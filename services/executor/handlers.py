@@ -48,7 +48,7 @@ def register(
         group_instance_id=group_instance_id, session_timeout_ms=session_timeout_ms,
         # Commit after the claim committed; redeliver on retryable errors; poison → DLQ.
         ack_policy=AckPolicy.NACK_ON_ERROR,
-        decoder=handling.raw_body,
+        decoder=handling.raw_body, parser=handling.tolerant_parser,
     )(handling.guarded(broker, on_exec))
 
 

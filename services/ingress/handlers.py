@@ -99,5 +99,5 @@ def register_gateway_entry(broker: KafkaBroker, gate: intake.Intake, *, topic: s
         # Commit only after the proposal is published; a bad token or body is dead-lettered
         # and acked by `guarded`, a Kafka outage (retryable) redelivers.
         ack_policy=AckPolicy.NACK_ON_ERROR,
-        decoder=handling.raw_body,
+        decoder=handling.raw_body, parser=handling.tolerant_parser,
     )(handling.guarded(broker, on_gateway_proposal, payload_topic=True))

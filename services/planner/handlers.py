@@ -51,5 +51,5 @@ def register(broker: KafkaBroker, planner: Planner, *, group_id: str,
         # Commit only after the proposal is published; retrieval or model outages
         # (retryable) redeliver, invalid requests and envelopes are dead-lettered.
         ack_policy=AckPolicy.NACK_ON_ERROR,
-        decoder=handling.raw_body,
+        decoder=handling.raw_body, parser=handling.tolerant_parser,
     )(handling.guarded(broker, on_request, payload_topic=True))

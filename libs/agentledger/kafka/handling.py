@@ -75,6 +75,37 @@ def headers_of(msg: KafkaMessage) -> dict[str, bytes]:
     return {name: value for name, value in pairs if isinstance(value, bytes)}
 
 
+# Set by ``tolerant_parser`` on a record one of whose header values is not UTF-8.
+INVALID_HEADERS = "x-agentledger-invalid-headers"
+
+
+async def tolerant_parser(msg: confluent_kafka.Message,
+                          original: Callable[[confluent_kafka.Message], Awaitable[Any]]) -> Any:
+    """A FastStream parser that survives header values that are not UTF-8.
+
+    FastStream's confluent parser decodes every header value as UTF-8 before any handler or
+    decoder runs: one invalid byte fails the parse outside ``guarded``, and the record was
+    acked without a dead letter — silently lost (found by the hostile-Unicode test). Invalid
+    values are replaced (U+FFFD) and the record is marked, so ``guarded`` dead-letters it.
+    Every subscriber passes ``parser=tolerant_parser``.
+    """
+    pairs: list[tuple[str, bytes | None]] = list(msg.headers() or [])  # type: ignore[arg-type]
+    bad = []
+    for name, value in pairs:
+        if value is None:
+            continue
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError:
+            bad.append(name)
+    if bad:
+        fixed: list[tuple[str, str | bytes | None]] = [
+            (n, v.decode("utf-8", "replace").encode() if v is not None else v) for n, v in pairs]
+        fixed.append((INVALID_HEADERS, ",".join(bad)[:200].encode()))
+        msg.set_headers(fixed)
+    return await original(msg)
+
+
 async def raw_body(msg: Any) -> bytes:
     """A FastStream decoder that decodes nothing: handlers parse the bytes themselves.
 
@@ -96,6 +127,11 @@ def guarded(broker: KafkaBroker, handle: Handler, *, payload_topic: bool = False
 
     async def run(msg: KafkaMessage) -> None:
         try:
+            invalid = (headers_of(msg).get(INVALID_HEADERS)
+                       if isinstance(msg.raw_message, confluent_kafka.Message) else None)
+            if invalid is not None:
+                raise errors.PoisonMessage(
+                    f"header value is not UTF-8: {invalid.decode(errors='replace')}")
             await handle(msg)
         except Exception as exc:
             error = classify(exc)
