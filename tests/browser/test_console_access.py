@@ -212,3 +212,20 @@ def test_the_directory_not_the_token_decides_who_reads_and_decides(world: Pipeli
     for method, where in (("GET", "/approvals"), ("GET", path)):
         assert api(world, token, method, where).status_code == 403, where  # the same, unexpired token
     assert approval_state(world, approval_id) == "pending" and command_state(world, op) is None
+
+
+def test_sign_out_is_never_a_cross_site_get_nor_a_forged_post(
+        world: Pipeline, sign_in: Callable[..., Page]) -> None:
+    # Issue 17 §7: logout was a GET any page could trigger with an <img>. It is a POST that
+    # carries this session's CSRF token; anything else signs nobody out.
+    page = sign_in("user:bob", APPROVER)
+    r = page.request.get("/signout", max_redirects=0)
+    assert r.status == 405, r.status
+    for csrf in ("", "0" * 64):
+        r = page.request.post("/signout", form={"csrf": csrf}, max_redirects=0)
+        assert r.status in (403, 422), r.status
+    page.goto("/approvals")
+    expect(page.locator("header .who")).to_contain_text("user:bob")  # still signed in
+    page.click("header .who button")  # the real form signs out
+    page.wait_for_url("**/signin")
+    assert not [c for c in page.context.cookies() if c["name"] == "agentledger_console"]
