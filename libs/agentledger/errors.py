@@ -203,6 +203,16 @@ class RelayError(AgentLedgerError):
     retryable = True
 
 
+class NotVisibleYet(RelayError):
+    """A streamed transaction is still invisible to other sessions after the bounded wait.
+
+    Retryable: the session restarts from the slot and streams (and waits for) it again;
+    nothing of it was published or swept.
+    """
+
+    code = "relay_not_visible"
+
+
 class DecodeError(RelayError):
     """A logical replication message could not be decoded."""
 

@@ -37,6 +37,9 @@ class RelayOptions:
         shutdown_timeout: seconds a graceful stop waits for in-flight acknowledgements.
         backoff_initial: first reconnect delay, doubled per failure.
         backoff_max: longest reconnect delay.
+        visibility_timeout: longest wait for a streamed transaction to become visible to
+            other sessions (a commit waiting for a synchronous standby) before the session
+            fails closed and restarts from the slot.
     """
 
     database_url: str
@@ -60,3 +63,4 @@ class RelayOptions:
     shutdown_timeout: float = 10.0
     backoff_initial: float = 0.2
     backoff_max: float = 5.0
+    visibility_timeout: float = 30.0

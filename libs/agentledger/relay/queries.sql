@@ -37,6 +37,13 @@ DELETE FROM command_outbox WHERE id = ANY(%(ids)s::uuid[]);
 -- Remove audit/outcome events whose publication Kafka confirmed.
 DELETE FROM event_outbox WHERE id = ANY(%(ids)s::uuid[]);
 
+-- name: left_command_outbox --
+-- After a sweep that deleted fewer rows than it published: which are still there.
+SELECT count(*) FROM command_outbox WHERE id = ANY(%(ids)s::uuid[]);
+
+-- name: left_event_outbox --
+SELECT count(*) FROM event_outbox WHERE id = ANY(%(ids)s::uuid[]);
+
 -- name: retained_wal --
 -- Bytes of WAL the slot keeps on disk: what an idle or stuck relay costs the database.
 SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint

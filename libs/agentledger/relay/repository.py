@@ -165,6 +165,49 @@ def check_publication(conn: Any, publication: str) -> None:
         )
 
 
+# Is the transaction with this 32-bit xid visible to a new snapshot? The 64-bit xid is
+# rebuilt from the snapshot's xmax epoch (an xid in the stream is never newer than xmax).
+_VISIBLE = """
+WITH s AS (SELECT pg_current_snapshot() AS snap),
+     x AS (SELECT snap, (pg_snapshot_xmax(snap)::text::bigint >> 32) AS epoch,
+                  pg_snapshot_xmax(snap)::text::bigint AS xmax FROM s),
+     f AS (SELECT snap, CASE WHEN (epoch << 32) + %(xid)s::bigint >= xmax AND epoch > 0
+                             THEN ((epoch - 1) << 32) + %(xid)s::bigint
+                             ELSE (epoch << 32) + %(xid)s::bigint END AS full_xid FROM x)
+SELECT pg_visible_in_snapshot(full_xid::text::xid8, snap) FROM f
+"""
+
+
+def visible(conn: Any, xid: int) -> bool:
+    """Whether transaction ``xid`` (32-bit, as pgoutput sends it) is visible to other sessions.
+
+    Logical decoding streams a transaction once its commit record is flushed — before the
+    commit is visible when it waits for a synchronous standby (``RecordTransactionCommit``
+    flushes, then waits while the transaction still shows as running). Publishing it then
+    lets an executor miss its row, and sweeping it deletes nothing (issue 18).
+    """
+    with translated("visibility"), conn.cursor() as cur:
+        cur.execute(_VISIBLE, {"xid": xid})
+        row = cur.fetchone()
+    return bool(row and row[0])
+
+
+def left(conn: Any, rows: Sequence[tuple[str, str]]) -> int:
+    """How many of these outbox rows still exist (after a sweep that deleted fewer)."""
+    queries = {routing.COMMAND_TABLE: _QUERIES["left_command_outbox"],
+               routing.EVENT_TABLE: _QUERIES["left_event_outbox"]}
+    by_table: dict[str, list[str]] = {}
+    for table, event_id in rows:
+        if table in queries:
+            by_table.setdefault(table, []).append(event_id)
+    found = 0
+    with translated("sweep_check"), conn.cursor() as cur:
+        for table, ids in by_table.items():
+            cur.execute(queries[table], {"ids": ids})
+            found += int((cur.fetchone() or (0,))[0])
+    return found
+
+
 def sweep(conn: Any, rows: Sequence[tuple[str, str]]) -> int:
     """Delete published outbox rows by event id, in one transaction; returns rows deleted."""
     by_table: dict[str, list[str]] = {}

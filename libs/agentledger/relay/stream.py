@@ -160,7 +160,7 @@ class Relay:
                     msg = cur.read_message()
                 if msg is None:
                     break
-                self._handle(s, pgoutput.decode(bytes(msg.payload)))
+                self._handle(s, pgoutput.decode(bytes(msg.payload)), ctrl)
                 read += 1
             if read or acked:
                 continue
@@ -205,8 +205,27 @@ class Relay:
         self._publisher.publish(record, commit_time, (s.epoch, txn))
         s.records += 1
 
-    def _handle(self, s: _Session, msg: pgoutput.Message) -> None:
+    def _wait_visible(self, ctrl: Any, xid: int) -> None:
+        """Hold a streamed transaction until other sessions can see it (fail closed)."""
+        if repository.visible(ctrl, xid):
+            return
+        log.warning("event=relay.visibility_wait xid=%d", xid)
+        deadline, pause = time.monotonic() + self.opts.visibility_timeout, 0.005
+        while time.monotonic() < deadline:
+            time.sleep(pause)  # polling a commit we cannot be notified of; bounded by deadline
+            if repository.visible(ctrl, xid):
+                log.info("event=relay.visible xid=%d", xid)
+                return
+            pause = min(pause * 2, 0.5)
+        raise errors.NotVisibleYet("a streamed transaction is still invisible; restarting",
+                                   xid=xid, waited_s=self.opts.visibility_timeout)
+
+    def _handle(self, s: _Session, msg: pgoutput.Message, ctrl: Any = None) -> None:
         if isinstance(msg, pgoutput.Begin):
+            if ctrl is not None:
+                # Nothing of it is published, nor swept, before it is visible: an executor
+                # would not find its row, and the sweep would delete nothing (issue 18).
+                self._wait_visible(ctrl, msg.xid)
             s.txn = s.checkpoint.begin(msg.final_lsn, msg.commit_time_us)
         elif isinstance(msg, pgoutput.Insert):
             relation = s.relations.get(msg.relation_oid)
@@ -261,8 +280,14 @@ class Relay:
         if not txns:
             return
         faults.point_sync("relay.after_produce")  # acknowledged by Kafka, LSN not yet flushed
-        if rows:
-            repository.sweep(ctrl, rows)
+        if rows and repository.sweep(ctrl, rows) < len(rows):
+            # Fewer rows deleted than published: legitimate only if a previous session swept
+            # them already (a re-streamed transaction). A row still there is never confirmed
+            # past: the slot would move on and strand it (issue 18).
+            still = repository.left(ctrl, rows)
+            if still:
+                raise errors.RelayError("the sweep left published outbox rows in place; "
+                                        "not confirming", rows=still)
         lsn = s.checkpoint.swept(txns)
         if any(t.snapshot for t in txns):
             self._snapshot = None
