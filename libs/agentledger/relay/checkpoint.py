@@ -25,6 +25,7 @@ class Transaction:
     pending: int = 0  # records produced and not yet acknowledged
     failed: bool = False
     snapshot: bool = False  # the rows committed before the slot existed
+    xid: int | None = None  # the transaction id pgoutput announced (None: the snapshot)
     rows: list[tuple[str, str]] = field(default_factory=list)  # (table, event id) to sweep
 
     @property
@@ -41,11 +42,11 @@ class Checkpoint:
         self.confirmed_lsn = 0
         self.in_flight_records = 0
 
-    def begin(self, final_lsn: int, commit_time_us: int) -> Transaction:
+    def begin(self, final_lsn: int, commit_time_us: int, xid: int | None = None) -> Transaction:
         """Start tracking the transaction announced by a Begin message."""
         if self._open is not None:
             raise RuntimeError("Begin inside an open transaction")
-        self._open = Transaction(commit_time_us=commit_time_us, final_lsn=final_lsn)
+        self._open = Transaction(commit_time_us=commit_time_us, final_lsn=final_lsn, xid=xid)
         self._queue.append(self._open)
         return self._open
 

@@ -9,6 +9,7 @@ confirmed past a record without a successful delivery report (see ``checkpoint``
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import select
@@ -197,6 +198,12 @@ class Relay:
         lag: bool = True,
     ) -> None:
         record = self.router.route(table, row)
+        if txn.xid is not None:
+            # Where the record comes from in the WAL: a consumer that cannot find its row yet
+            # can ask whether this transaction is visible, instead of guessing (issue 18).
+            record = dataclasses.replace(record, headers=(
+                *record.headers, ("xid", str(txn.xid).encode()),
+                ("commit_lsn", _fmt_lsn(txn.final_lsn).encode())))
         self._topics.ensure(record.topic, record.family)
         if not s.checkpoint.in_flight_records:
             s.progress_at = time.monotonic()
@@ -226,7 +233,7 @@ class Relay:
                 # Nothing of it is published, nor swept, before it is visible: an executor
                 # would not find its row, and the sweep would delete nothing (issue 18).
                 self._wait_visible(ctrl, msg.xid)
-            s.txn = s.checkpoint.begin(msg.final_lsn, msg.commit_time_us)
+            s.txn = s.checkpoint.begin(msg.final_lsn, msg.commit_time_us, msg.xid)
         elif isinstance(msg, pgoutput.Insert):
             relation = s.relations.get(msg.relation_oid)
             if relation is None or s.txn is None:

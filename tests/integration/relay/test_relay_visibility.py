@@ -72,6 +72,8 @@ def test_a_commit_parked_for_a_synchronous_standby_is_published_and_swept_only_o
         with parked.cursor() as cur:
             cur.execute("SET synchronous_commit = on")
             support.admit(cur, command)
+            cur.execute("SELECT pg_current_xact_id()::text::bigint & 4294967295")
+            xid = (cur.fetchone() or (0,))[0]
         pid = parked.get_backend_pid()
         committing = threading.Thread(target=parked.commit, daemon=True)  # parks in SyncRep
         committing.start()
@@ -100,6 +102,8 @@ def test_a_commit_parked_for_a_synchronous_standby_is_published_and_swept_only_o
             parked.close()
     received = support.read_topics(relay.bootstrap, [topic], lambda got: len(got) >= 1, timeout=60)
     assert [r.key for r in received] == [command.key], relay.log_text()[-3000:]
+    assert received[0].header("xid") == str(xid)  # where it came from, for consumers
+    assert received[0].header("commit_lsn")
     # Published once visible, then swept: the row does not outlive its publication.
     assert wait_until(lambda: support.outbox_count(relay.database_url) == 0, timeout=30), \
         relay.log_text()[-3000:]
