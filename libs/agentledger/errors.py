@@ -34,6 +34,13 @@ class StorageError(AgentLedgerError):
     retryable = True
 
 
+class NotInLedgerYet(StorageError):
+    """A record names a command whose transaction is committed but not yet visible (a commit
+    waiting for a synchronous standby): retryable, for a bounded time (issue 18)."""
+
+    code = "not_in_ledger_yet"
+
+
 class MigrationError(AgentLedgerError):
     """The database schema could not be brought up to date."""
 

@@ -32,7 +32,7 @@ import httpx
 import psycopg2
 import pydantic
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
+from confluent_kafka import Message, Producer
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -40,6 +40,7 @@ from agentledger import identity
 from agentledger.contracts.proposals import ProposalV1
 from agentledger.contracts.requests import RequestV1
 from agentledger.services.ingress import intake
+from tests import kafka_read
 from tests.e2e.pipeline import Pipeline, pipeline
 from tests.helpers import wait_until
 from tests.integration import identities, processes
@@ -233,21 +234,6 @@ class Traffic:
             raise AssertionError(f"{url} {path} {text!r}: {r.status_code} {r.text[:300]}")
 
 
-def _lag(bootstrap: str, group: str, topic: str) -> int:
-    """How many records of ``topic`` the group has not committed past."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
-    try:
-        meta = c.list_topics(topic, timeout=10).topics[topic]
-        parts = c.committed([TopicPartition(topic, p) for p in meta.partitions], timeout=10)
-        lag = 0
-        for tp in parts:
-            low, high = c.get_watermark_offsets(tp, timeout=10)
-            lag += high - (tp.offset if tp.offset >= 0 else low)
-        return lag
-    finally:
-        c.close()
-
-
 def _redelivered(p: Pipeline) -> dict[str, int]:
     return {name: p.services[name].log.read_text(errors="replace").count("event=redeliver")
             for name in SERVICES}
@@ -292,7 +278,7 @@ def test_hostile_unicode_in_every_free_text_field_never_stalls_loops_or_5xx(worl
     lags: dict[str, int] = {}
 
     def drained() -> bool:
-        lags.update({name: _lag(world.bootstrap, groups[name], world.topic(topics[name])) for name in groups})
+        lags.update({name: kafka_read.lag(world.bootstrap, groups[name], world.topic(topics[name])) for name in groups})
         return not any(lags.values())
     assert wait_until(drained, timeout=300, interval=1), f"stalled: {lags}"
 
@@ -316,41 +302,16 @@ def test_hostile_unicode_in_every_free_text_field_never_stalls_loops_or_5xx(worl
 
 
 def _dead_and_answered(p: Pipeline) -> tuple[set[str], set[str]]:
-    """Keys on the dead-letter topics and operation ids answered on the admissions topic:
-    every partition read from its start to its end offset (no group, no guessing when the
-    reading is done)."""
+    """Keys on the dead-letter topics, and operation ids answered on the admissions topic."""
     dead: set[str] = set()
     answered: set[str] = set()
-    consumer = Consumer({"bootstrap.servers": p.bootstrap, "group.id": f"uni-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False})
     names = [p.topic(t) for t in ("agent.proposals.dlq.v1", "gateway.proposals.dlq.v1",
                                   "agent.requests.dlq.v1", "exec.crm.dlq.v1", "agent.admissions.v1")]
-    try:
-        ends: dict[tuple[str, int], int] = {}
-        for name in names:
-            meta = consumer.list_topics(name, timeout=10).topics[name]
-            for part in meta.partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(name, part), timeout=10)
-                if high > low:
-                    ends[(name, part)] = high
-        consumer.assign([TopicPartition(t, part, OFFSET_BEGINNING) for t, part in ends])
-        done: set[tuple[str, int]] = set()
-
-        def read() -> bool:
-            for msg in consumer.consume(500, timeout=0.5):
-                if msg.error() is not None:
-                    raise AssertionError(f"consumer error: {msg.error()}")
-                at = (msg.topic() or "", msg.partition() or 0)
-                if (msg.offset() or 0) + 1 >= ends.get(at, 0):
-                    done.add(at)
-                if at[0].endswith("dlq.v1"):
-                    dead.add((msg.key() or b"").decode(errors="replace"))
-                else:
-                    answered.add(str(json.loads(msg.value() or b"{}").get("operation_id")))
-            return done >= set(ends)
-        assert wait_until(read, timeout=120, interval=0), f"not read to the end: {set(ends) - done}"
-    finally:
-        consumer.close()
+    for msg in kafka_read.read_to_end(p.bootstrap, names):
+        if (msg.topic() or "").endswith("dlq.v1"):
+            dead.add((msg.key() or b"").decode(errors="replace"))
+        else:
+            answered.add(str(json.loads(msg.value() or b"{}").get("operation_id")))
     return dead, answered
 
 

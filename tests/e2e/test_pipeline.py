@@ -7,6 +7,7 @@ records on the topics.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ import psycopg2
 import pytest
 
 from agentledger import logins
+from tests import kafka_read, syncrep
 from tests.e2e.pipeline import Pipeline, pipeline
 from tests.helpers import wait_until
 from tests.stack import Stack
@@ -156,3 +158,47 @@ def test_every_service_logs_in_as_its_own_role_and_reset_role_gains_nothing(worl
         finally:
             await conn.close()
     assert asyncio.run(after_reset()) == ("agentledger_executor_login", False, 0)
+
+
+def test_an_exec_record_for_a_commit_not_yet_visible_is_retried_not_dead_lettered(world: Pipeline) -> None:
+    # Issue 18 §0, the executor's twin of the commit-visibility race: a record that names a
+    # command whose transaction is committed but not visible (a commit waiting for a
+    # synchronous standby) was dead-lettered as `missing` and acked. Every commit of the
+    # cluster now waits for a standby that does not exist: admission's parks.
+    tenant = world.tenant
+    with syncrep.ghost_standby(world.database_url, every_session=True):
+        op = world.propose("crm.note.create", {"body": "parked"})
+
+        def parked_xid() -> str | None:
+            with psycopg2.connect(world.database_url) as conn, conn.cursor() as cur:
+                cur.execute("SELECT backend_xid::text FROM pg_stat_activity WHERE wait_event = 'SyncRep' "
+                            "AND usename = %s", (logins.login_name("admission"),))
+                row = cur.fetchone()
+                return row[0] if row else None
+        assert wait_until(lambda: parked_xid() is not None, timeout=60)
+        xid = parked_xid()
+        # The record as the relay would publish it (the relay itself holds it: invisible).
+        p = world.producer()
+        p.produce(world.topic("exec.crm.v1"), key=f"{tenant}:{op}".encode(),
+                  value=json.dumps({"tenant_id": tenant, "operation_id": str(op),
+                                    "type": "command.admitted"}).encode(),
+                  headers=[("xid", str(xid).encode()), ("commit_lsn", b"0/0")])
+        assert p.flush(15) == 0
+        executor_log = world.services["executor-crm"].log
+        # Whichever comes first: the executor retrying it, or (the race) dead-lettering it.
+        assert wait_until(lambda: f"event=exec_not_visible_yet xid={xid}" in executor_log.read_text()
+                          or bool(_dead_letters_of(world, op)), timeout=60), world.services["executor-crm"].tail()
+        assert _dead_letters_of(world, op) == [], "dead-lettered as missing while its commit was invisible"
+    # Leaving the block releases the parked commit: the retried record finds the command.
+    assert world.wait_state(op, "succeeded", timeout=90)[0] == "succeeded"
+    # Everything on the exec topic handled (committed past), then: no dead letter for it.
+    group = world.services["executor-crm"].env["AGENTLEDGER_EXECUTOR_GROUP_ID"]
+    assert wait_until(lambda: kafka_read.lag(world.bootstrap, group, world.topic("exec.crm.v1")) == 0, timeout=60)
+    assert _dead_letters_of(world, op) == []
+
+
+def _dead_letters_of(world: Pipeline, op: uuid.UUID) -> list[dict[str, Any]]:
+    dead = [json.loads(m.value() or b"{}") for m in kafka_read.read_to_end(
+        world.bootstrap, [world.topic("exec.crm.dlq.v1")])]
+    return [d for d in dead if str(op) in base64.b64decode(d.get("value_b64", "")).decode(errors="replace")]
+    assert len([e for e in effects(world, "note.created") if e.get("idempotency_key") == str(op)]) == 1

@@ -271,6 +271,11 @@ async def data_key(
     return StoredKey(int(row["key_version"]), bytes(row["wrapped_key"]), row["master_key_id"])
 
 
+async def xid_visible(conn: Conn, xid: int) -> bool:
+    """Whether transaction ``xid`` (32-bit) is visible to other sessions yet."""
+    return bool(await conn.fetchval(Q["xid_visible"], xid))
+
+
 async def load_command(
     conn: Conn, tenant_id: UUID, operation_id: UUID
 ) -> asyncpg.Record:

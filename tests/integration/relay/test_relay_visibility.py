@@ -13,35 +13,9 @@ import psycopg2
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from tests import syncrep
 from tests.helpers import wait_until
 from tests.integration.relay import support
-
-
-def _settings(url: str, standby: str | None) -> None:
-    conn = psycopg2.connect(url)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            if standby is None:
-                cur.execute("ALTER SYSTEM RESET synchronous_standby_names")
-                cur.execute("ALTER SYSTEM RESET synchronous_commit")
-            else:
-                # Only the session that asks for `on` waits; every other keeps committing.
-                cur.execute("ALTER SYSTEM SET synchronous_commit = 'local'")
-                cur.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{standby}'")
-            cur.execute("SELECT pg_reload_conf()")
-    finally:
-        conn.close()
-
-    def applied() -> bool:
-        probe = psycopg2.connect(url)
-        try:
-            with probe.cursor() as cur:
-                cur.execute("SHOW synchronous_standby_names")
-                return (cur.fetchone() or ("",))[0] == (standby or "")
-        finally:
-            probe.close()
-    assert wait_until(applied, timeout=30)
 
 
 def _published(bootstrap: str, topic: str) -> int:
@@ -64,42 +38,41 @@ def test_a_commit_parked_for_a_synchronous_standby_is_published_and_swept_only_o
     tenant = uuid.uuid4()
     command = support.new_command(tenant, "crm")
     topic = f"{relay.namespace}exec.crm.v1"
-    parked: Any = None
-    committing = threading.Thread()
+    parked: Any = psycopg2.connect(relay.database_url)
     try:
-        _settings(relay.database_url, "agentledger_ghost_standby")
-        parked = psycopg2.connect(relay.database_url)
-        with parked.cursor() as cur:
-            cur.execute("SET synchronous_commit = on")
-            support.admit(cur, command)
-            cur.execute("SELECT pg_current_xact_id()::text::bigint & 4294967295")
-            xid = (cur.fetchone() or (0,))[0]
-        pid = parked.get_backend_pid()
-        committing = threading.Thread(target=parked.commit, daemon=True)  # parks in SyncRep
-        committing.start()
-        # Positive markers: the commit waits for the standby, and the relay has the
-        # transaction in hand and holds it.
-        owner = psycopg2.connect(relay.database_url)
-        owner.autocommit = True
-        with owner.cursor() as cur:
-            def waiting() -> bool:
-                cur.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,))
-                return (cur.fetchone() or (None,))[0] == "SyncRep"
-            assert wait_until(waiting, timeout=30)
-            # Whichever comes first: the relay holding it, or (the race) publishing it.
-            assert wait_until(lambda: "event=relay.visibility_wait" in relay.log_text()
-                              or _published(relay.bootstrap, topic) > 0, timeout=60), relay.log_text()[-3000:]
-            assert _published(relay.bootstrap, topic) == 0, "published while invisible to other sessions"
-            assert support.outbox_count(relay.database_url) == 0  # (and other sessions see no row)
-            # The wait is cancelled: the commit completes locally and becomes visible.
-            cur.execute("SELECT pg_cancel_backend(%s)", (pid,))
-        owner.close()
-        committing.join(30)
-        assert not committing.is_alive()
+        with syncrep.ghost_standby(relay.database_url):
+            with parked.cursor() as cur:
+                cur.execute("SET synchronous_commit = on")
+                support.admit(cur, command)
+                cur.execute("SELECT pg_current_xact_id()::text::bigint & 4294967295")
+                xid = (cur.fetchone() or (0,))[0]
+            pid = parked.get_backend_pid()
+            committing = threading.Thread(target=parked.commit, daemon=True)  # parks in SyncRep
+            committing.start()
+            # Positive markers: the commit waits for the standby, and the relay has the
+            # transaction in hand and holds it.
+            owner = psycopg2.connect(relay.database_url)
+            owner.autocommit = True
+            try:
+                with owner.cursor() as cur:
+                    def waiting() -> bool:
+                        cur.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,))
+                        return (cur.fetchone() or (None,))[0] == "SyncRep"
+                    assert wait_until(waiting, timeout=30)
+                    # Whichever comes first: the relay holding it, or (the race) publishing it.
+                    assert wait_until(lambda: "event=relay.visibility_wait" in relay.log_text()
+                                      or _published(relay.bootstrap, topic) > 0, timeout=60), \
+                        relay.log_text()[-3000:]
+                    assert _published(relay.bootstrap, topic) == 0, "published while invisible to other sessions"
+                    assert support.outbox_count(relay.database_url) == 0  # (other sessions see no row)
+                    # The wait is cancelled: the commit completes locally and becomes visible.
+                    cur.execute("SELECT pg_cancel_backend(%s)", (pid,))
+            finally:
+                owner.close()
+            committing.join(30)
+            assert not committing.is_alive()
     finally:
-        _settings(relay.database_url, None)
-        if parked is not None:
-            parked.close()
+        parked.close()
     received = support.read_topics(relay.bootstrap, [topic], lambda got: len(got) >= 1, timeout=60)
     assert [r.key for r in received] == [command.key], relay.log_text()[-3000:]
     assert received[0].header("xid") == str(xid)  # where it came from, for consumers

@@ -1,0 +1,57 @@
+"""A synchronous standby that does not exist: commits that wait for it park flushed,
+decodable by logical replication, and invisible to other sessions (issue 18's reproduction).
+
+``ghost_standby(url, every_session=False)``: only sessions that ``SET synchronous_commit = on``
+wait; with ``every_session`` every commit of the cluster does. Leaving the block restores the
+configuration, which also releases every parked commit (PostgreSQL wakes the waiters when
+synchronous replication is turned off)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg2
+
+from tests.helpers import wait_until
+
+GHOST = "agentledger_ghost_standby"
+
+
+def _apply(url: str, statements: list[str], expect: str) -> None:
+    conn = psycopg2.connect(url)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            for sql in statements:
+                cur.execute(sql)
+            cur.execute("SELECT pg_reload_conf()")
+    finally:
+        conn.close()
+
+    def applied() -> bool:
+        probe = psycopg2.connect(url)
+        try:
+            with probe.cursor() as cur:
+                cur.execute("SHOW synchronous_standby_names")
+                return (cur.fetchone() or ("",))[0] == expect
+        finally:
+            probe.close()
+    assert wait_until(applied, timeout=30), "the configuration reload was not applied"
+
+
+@contextmanager
+def ghost_standby(url: str, *, every_session: bool = False) -> Iterator[None]:
+    commit = "on" if every_session else "local"
+    _apply(url, [f"ALTER SYSTEM SET synchronous_commit = '{commit}'",
+                 f"ALTER SYSTEM SET synchronous_standby_names = '{GHOST}'"], GHOST)
+    try:
+        yield
+    finally:
+        release(url)
+
+
+def release(url: str) -> None:
+    """Back to no synchronous standby: every parked commit completes."""
+    _apply(url, ["ALTER SYSTEM RESET synchronous_standby_names",
+                 "ALTER SYSTEM RESET synchronous_commit"], "")
