@@ -2,7 +2,9 @@
 
 Submit a request (a goal) or a proposal over HTTP to ingress, or a proposal over Kafka
 (``gateway.proposals.v1``), each with the session token and an idempotency key; then
-``await_outcome(operation_id)`` reads ``agent.admissions.v1`` and ``agent.outcomes.v1``.
+``await_outcome(submission)`` reads ``agent.admissions.v1`` and ``agent.outcomes.v1`` and
+answers for THAT submission (matched on its proposal id): a changed resubmission under the
+same key is told its own ``conflict``, never the original's answer or outcome.
 
 Safe to retry: every submission carries an idempotency key (generated once per call when
 the caller gives none, and returned), and ingress derives the operation id from it, so a
@@ -49,6 +51,14 @@ class Submission:
     tenant_id: uuid.UUID | None = None
     request_id: uuid.UUID | None = None
     proposal_id: uuid.UUID | None = None
+
+    @property
+    def answered_as(self) -> uuid.UUID | None:
+        """The proposal id admission's answer to this submission carries: its own, or the
+        one the planner derives from its request."""
+        if self.proposal_id is not None:
+            return self.proposal_id
+        return identity.planned_proposal_id(self.request_id) if self.request_id else None
 
 
 @dataclass(frozen=True)
@@ -138,26 +148,37 @@ class GatewayClient:
                                        "enable.idempotence": True, "acks": "all"})
         producer = self._producer
         claims = jwt.decode(self.token, options={"verify_signature": False})
+        where: list[tuple[int, int]] = []
+
+        def delivered(err: Any, msg: Any) -> None:
+            if err is None:
+                where.append((msg.partition(), msg.offset()))
         producer.produce(
             self._gateway_topic, key=str(claims.get("tenant_id", "")).encode(),
             value=json.dumps(_proposal_body(action, arguments, target,
                                             expected_revision)).encode(),
             headers=[("authorization", f"Bearer {self.token}".encode()),
                      ("idempotency-key", key.encode())],
+            on_delivery=delivered,
         )
-        if await asyncio.to_thread(producer.flush, timeout_s) != 0:
+        if await asyncio.to_thread(producer.flush, timeout_s) != 0 or not where:
             raise errors.StorageError("Kafka did not acknowledge the proposal")
-        return Submission(operation_id=operation_id, idempotency_key=key)
+        # Ingress names the proposal after the record's coordinates: the answer carries it.
+        _, proposal_id = identity.record_ids(self._gateway_topic, *where[0])
+        return Submission(operation_id=operation_id, idempotency_key=key,
+                          proposal_id=proposal_id)
 
     async def await_outcome(
-        self, operation_id: uuid.UUID, *, timeout_s: float = 60.0,
+        self, submitted: Submission | uuid.UUID, *, timeout_s: float = 60.0,
         since: datetime | None = None, until: Literal["admission", "outcome"] = "outcome",
     ) -> Resolution:
-        """Wait until the operation is refused, or has an outcome (or, with
-        ``until="admission"``, until admission answered).
+        """Wait until the submission is refused, or has an outcome (or, with
+        ``until="admission"``, until admission answered it).
 
         Args:
-            operation_id: From a ``Submission``.
+            submitted: The ``Submission``: answers are matched on its proposal id, so a
+                resubmission with a changed payload gets its own answer (a conflict), not
+                the first submission's. A bare operation id takes any answer for it.
             timeout_s: How long to wait.
             since: When it was submitted; reading starts there (default: topic start).
             until: ``"outcome"`` (default) or ``"admission"``.
@@ -167,7 +188,12 @@ class GatewayClient:
         """
         if self._bootstrap is None:
             raise errors.ValidationFailed("await_outcome needs kafka_bootstrap")
-        return await asyncio.to_thread(self._await, operation_id, timeout_s, since, until)
+        if isinstance(submitted, Submission):
+            operation_id, expected = submitted.operation_id, submitted.answered_as
+        else:
+            operation_id, expected = submitted, None
+        return await asyncio.to_thread(self._await, operation_id, expected, timeout_s, since,
+                                       until)
 
     # --- internals ---------------------------------------------------------------------------
 
@@ -190,17 +216,28 @@ class GatewayClient:
         raise errors.StorageError(f"ingress unavailable after {ATTEMPTS} attempts ({last}); "
                                   f"retry with idempotency key {key}", idempotency_key=key)
 
-    def _await(self, operation_id: uuid.UUID, timeout_s: float, since: datetime | None,
-               until: str) -> Resolution:
+    def _await(self, operation_id: uuid.UUID, expected: uuid.UUID | None, timeout_s: float,
+               since: datetime | None, until: str) -> Resolution:
         consumer = Consumer({"bootstrap.servers": self._bootstrap,
                              "group.id": f"gateway-client-{uuid.uuid4()}",
                              "enable.auto.commit": False, "auto.offset.reset": "earliest"})
         try:
-            consumer.assign(self._start_positions(consumer, since))
+            assigned = self._start_positions(consumer, since)
+            consumer.assign(assigned)
+            missing = set(self._answer_topics) - {tp.topic for tp in assigned}
             found_admission: admission.AdmissionResultV1 | None = None
             found_outcome: outcomes.Outcome | None = None
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
+                if missing:
+                    # A topic created after we started (its first answer): read it from the
+                    # start, or the answer we wait for is never seen.
+                    metadata = consumer.list_topics(timeout=5)
+                    new = [TopicPartition(t, p, OFFSET_BEGINNING) for t in missing
+                           if t in metadata.topics for p in metadata.topics[t].partitions]
+                    if new:
+                        consumer.incremental_assign(new)
+                        missing -= {tp.topic for tp in new}
                 msg = consumer.poll(0.5)
                 if msg is None or msg.error() is not None:
                     continue
@@ -208,19 +245,24 @@ class GatewayClient:
                 try:
                     if msg.topic() == self._answer_topics[0]:
                         answer = admission.AdmissionResultV1.model_validate_json(value)
-                        if answer.operation_id != operation_id:
-                            continue
+                        if answer.operation_id != operation_id or (
+                                expected is not None and answer.proposal_id != expected):
+                            continue  # another submission's answer for the same operation
                         found_admission = answer
                         settled = Resolution(operation_id, answer, answer.outcome or found_outcome)
-                        if until == "admission" or settled.refused or answer.outcome:
+                        if (until == "admission" or settled.refused or answer.outcome
+                                or found_outcome is not None):
                             return settled
                     else:
                         event = outcomes.OutcomeEventV1.model_validate_json(value)
                         if event.operation_id != operation_id:
                             continue
-                        if until == "admission":
-                            # Topics interleave: an outcome may be read before the answer.
-                            found_outcome = event.outcome
+                        # Topics interleave: an outcome may be read before the answer. With a
+                        # submission to match, the outcome is ours only once our own answer
+                        # says it was admitted (a changed resubmission is a conflict).
+                        found_outcome = event.outcome
+                        if until == "admission" or (expected is not None
+                                                    and found_admission is None):
                             continue
                         return Resolution(operation_id, found_admission, event.outcome)
                 except pydantic.ValidationError:

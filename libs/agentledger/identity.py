@@ -174,6 +174,18 @@ def request_binding(*, goal: str, resource: str) -> Binding:
         canonical.canonical_bytes({"goal": goal, "resource": resource})).hexdigest())
 
 
+# Ids of key-less gateway Kafka records derive from the record's coordinates, so a
+# redelivery after a crash yields the same ids, and the producer can predict them.
+RECORD_NAMESPACE: Final = uuid.UUID("3a9e7c51-2d84-5f06-b1c3-9e6f2a8d4b17")
+
+
+def record_ids(topic: str, partition: int, offset: int) -> tuple[uuid.UUID, uuid.UUID]:
+    """(operation id without an idempotency key, proposal id) of a ``gateway.proposals.v1``
+    record at these coordinates."""
+    seed = f"{topic}:{partition}:{offset}"
+    return uuid.uuid5(RECORD_NAMESPACE, seed), uuid.uuid5(RECORD_NAMESPACE, f"proposal:{seed}")
+
+
 def planned_proposal_id(request_id: uuid.UUID) -> uuid.UUID:
     """The id of the proposal planned from ``request_id`` (admission checks it)."""
     return uuid.uuid5(PLANNED_PROPOSAL_NAMESPACE, str(request_id))

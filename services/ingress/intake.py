@@ -21,9 +21,6 @@ from agentledger.services.ingress import models
 
 log = logging.getLogger(__name__)
 
-# Operation ids of key-less Kafka messages derive from the record's coordinates, so a
-# redelivery after a crash yields the same id.
-_RECORD_NAMESPACE = uuid.UUID("3a9e7c51-2d84-5f06-b1c3-9e6f2a8d4b17")
 
 
 def bearer(authorization: str | bytes | None) -> str:
@@ -83,7 +80,7 @@ class Intake:
         if key is not None:
             return identity.derive_operation_id(session.tenant_id, session.principal_id, key)
         if record_seed is not None:
-            return uuid.uuid5(_RECORD_NAMESPACE, record_seed)
+            return uuid.uuid5(identity.RECORD_NAMESPACE, record_seed)
         return uuid.uuid4()
 
     async def submit_request(self, session: identity.Session, body: models.RequestBody,
@@ -108,7 +105,7 @@ class Intake:
                               key: str | None, trace: Mapping[str, str | bytes], *,
                               record_seed: str | None = None) -> models.Accepted:
         operation_id = self.operation_id(session, key, record_seed)
-        proposal_id = (uuid.uuid5(_RECORD_NAMESPACE, f"proposal:{record_seed}")
+        proposal_id = (uuid.uuid5(identity.RECORD_NAMESPACE, f"proposal:{record_seed}")
                        if record_seed is not None else uuid.uuid4())
         message = proposals.ProposalV1(
             proposal_id=proposal_id, tenant_id=session.tenant_id,

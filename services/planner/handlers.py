@@ -9,6 +9,7 @@ from faststream import AckPolicy
 from faststream.confluent import KafkaBroker
 from faststream.confluent.annotations import KafkaMessage
 
+from agentledger import identity
 from agentledger.contracts import admission, common, topics
 from agentledger.contracts.proposals import ProposalV1
 from agentledger.contracts.requests import RequestV1
@@ -35,6 +36,7 @@ def register(broker: KafkaBroker, planner: Planner, *, group_id: str,
             # Nothing to admit; the gateway still gets an answer for its operation id.
             answer = admission.AdmissionResultV1(
                 tenant_id=request.tenant_id, operation_id=request.operation_id,
+                proposal_id=identity.planned_proposal_id(request.request_id),
                 status="rejected", reason_code=f"plan_{result.code}"[:64],
                 reason=result.reason[:2000] or result.code, decided_at=datetime.now(UTC))
             await broker.publish(answer.model_dump_json(by_alias=True).encode(),

@@ -39,7 +39,6 @@ from hypothesis import strategies as st
 from agentledger import identity
 from agentledger.contracts.proposals import ProposalV1
 from agentledger.contracts.requests import RequestV1
-from agentledger.services.ingress import intake
 from tests import kafka_read
 from tests.e2e.pipeline import Pipeline, pipeline
 from tests.helpers import wait_until
@@ -284,8 +283,8 @@ def test_hostile_unicode_in_every_free_text_field_never_stalls_loops_or_5xx(worl
 
     # Every Kafka message accounted for: dead-lettered (by key) or answered (by operation id).
     for key, (partition, offset) in traffic.gateway_offsets.items():
-        seed = f"{world.topic('gateway.proposals.v1')}:{partition}:{offset}"
-        traffic.expect_answer.setdefault(key, str(uuid.uuid5(intake._RECORD_NAMESPACE, seed)))
+        traffic.expect_answer.setdefault(key, str(identity.record_ids(
+            world.topic("gateway.proposals.v1"), partition, offset)[0]))
     dead, answered = _dead_and_answered(world)
     missing = {k: t for k, t in traffic.kafka_keys.items()
                if k not in dead and traffic.expect_answer.get(k) not in answered}

@@ -122,7 +122,7 @@ async def note_with_lost_answer(s: Story) -> None:
     try:
         sub = await gw.submit_request("add a note: Ada wants her invoices by e-mail", "c-1001")
         s.world.operations["note"] = str(sub.operation_id)
-        found = await gw.await_outcome(sub.operation_id, since=since, timeout_s=OUTCOME_TIMEOUT_S)
+        found = await gw.await_outcome(sub, since=since, timeout_s=OUTCOME_TIMEOUT_S)
     finally:
         await gw.aclose()
     s.say(f"outcome on agent.outcomes.v1: {_told(found)}")
@@ -144,14 +144,14 @@ async def approved_refund(s: Story) -> None:
         sub = await gw.submit_proposal("billing.refund.create", _refund(
             "c-1001", "inv-1001", 4900, "Parcel arrived damaged"), "c-1001")
         s.world.operations["approved_refund"] = str(sub.operation_id)
-        pending = await gw.await_outcome(sub.operation_id, since=since, until="admission",
+        pending = await gw.await_outcome(sub, since=since, until="admission",
                                          timeout_s=OUTCOME_TIMEOUT_S)
         assert pending.admission is not None
         s.say(f"admission: [bold]{pending.admission.status}[/bold] (policy "
               f"{pending.admission.policy_version}); no lock is held while a person decides")
         await s.approve(str(pending.admission.approval_id), "user:bob",
                         "damage photo attached to the ticket")
-        found = await gw.await_outcome(sub.operation_id, since=since, timeout_s=OUTCOME_TIMEOUT_S)
+        found = await gw.await_outcome(sub, since=since, timeout_s=OUTCOME_TIMEOUT_S)
     finally:
         await gw.aclose()
     row = await s.command(sub.operation_id)
@@ -172,11 +172,11 @@ async def lost_refund_reconciled(s: Story) -> None:
             "c-1001", "inv-1002", 2500, "Charged twice for shipping"), "c-1001")
         op = sub.operation_id
         s.world.operations["lost_refund"] = str(op)
-        pending = await gw.await_outcome(op, since=since, until="admission",
+        pending = await gw.await_outcome(sub, since=since, until="admission",
                                          timeout_s=OUTCOME_TIMEOUT_S)
         assert pending.admission is not None
         await s.approve(str(pending.admission.approval_id), "user:fiona", "duplicate charge")
-        found = await gw.await_outcome(op, since=since, timeout_s=OUTCOME_TIMEOUT_S)
+        found = await gw.await_outcome(sub, since=since, timeout_s=OUTCOME_TIMEOUT_S)
     finally:
         await gw.aclose()
     row = await s.command(op)
@@ -222,7 +222,7 @@ async def injection_refused(s: Story) -> None:
     try:
         a = await gw.submit_request("add a note: Mallory asked for a catalogue", "c-1002")
         s.world.operations["injection_export"] = str(a.operation_id)
-        found = await gw.await_outcome(a.operation_id, since=since, until="admission",
+        found = await gw.await_outcome(a, since=since, until="admission",
                                        timeout_s=OUTCOME_TIMEOUT_S)
         answer = found.admission
         called = any("event=plan_refused" in line
@@ -236,7 +236,7 @@ async def injection_refused(s: Story) -> None:
               f"{escape(seed.refund_bait('c-2001'))}[/italic] (c-2001 is Globex's customer)")
         b = await gw.submit_request("add a note: Trudy confirmed her new address", "c-1003")
         s.world.operations["injection_cross_tenant"] = str(b.operation_id)
-        found = await gw.await_outcome(b.operation_id, since=since, until="admission",
+        found = await gw.await_outcome(b, since=since, until="admission",
                                        timeout_s=OUTCOME_TIMEOUT_S)
         answer = found.admission
         s.fact(f"the model proposed a 9,000 EUR refund to c-2001 (asked about c-1003): [bold]"
@@ -248,7 +248,7 @@ async def injection_refused(s: Story) -> None:
         c = await gw.submit_proposal("crm.customers.export_all", {"customer_id": "c-1001"},
                                      "c-1001")
         s.world.operations["injection_gateway"] = str(c.operation_id)
-        found = await gw.await_outcome(c.operation_id, since=since, until="admission",
+        found = await gw.await_outcome(c, since=since, until="admission",
                                        timeout_s=OUTCOME_TIMEOUT_S)
         answer = found.admission
         s.fact(f"admission: [bold]{answer and answer.status}[/bold] "
@@ -326,7 +326,7 @@ async def left_for_the_browser(s: Story) -> None:
         sub = await gw.submit_proposal("billing.refund.create", _refund(
             "c-1001", "inv-1003", 12000, "Goodwill gesture after a late delivery"), "c-1001")
         s.world.operations["pending_refund"] = str(sub.operation_id)
-        await gw.await_outcome(sub.operation_id, since=since, until="admission",
+        await gw.await_outcome(sub, since=since, until="admission",
                                timeout_s=OUTCOME_TIMEOUT_S)
     finally:
         await gw.aclose()
