@@ -132,6 +132,9 @@ def reconcile_resolve(
     by: Annotated[str, typer.Option(help="Who resolves it")],
     receipt: Annotated[str | None, typer.Option(help="Provider receipt (for succeeded)")] = None,
     evidence: Annotated[str | None, typer.Option(help="Where the evidence is")] = None,
+    override_acting_attempt: Annotated[bool, typer.Option(
+        help="Resolve although an attempt sent less than 30 s ago may still act (its effect "
+             "may land after this resolution; recorded in the reason and audit)")] = False,
 ) -> None:
     """Resolve an unknown command as succeeded (with the provider's receipt) or failed."""
     if outcome not in ("succeeded", "failed"):
@@ -142,7 +145,8 @@ def reconcile_resolve(
         try:
             return await dispatch.resolve_unknown(
                 conn, tenant, operation_id, outcome=outcome,  # type: ignore[arg-type]
-                resolved_by=by, reason=reason, receipt=receipt, evidence=evidence)
+                resolved_by=by, reason=reason, receipt=receipt, evidence=evidence,
+                override_acting=override_acting_attempt)
         finally:
             await conn.close()
 

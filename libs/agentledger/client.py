@@ -250,6 +250,10 @@ class GatewayClient:
                             continue  # another submission's answer for the same operation
                         found_admission = answer
                         settled = Resolution(operation_id, answer, answer.outcome or found_outcome)
+                        if settled.refused:
+                            # Refused: no outcome of its own (one read meanwhile belongs to
+                            # the operation's other, admitted submission).
+                            return Resolution(operation_id, answer, None)
                         if (until == "admission" or settled.refused or answer.outcome
                                 or found_outcome is not None):
                             return settled
@@ -280,9 +284,15 @@ class GatewayClient:
                   for p in metadata.topics[t].partitions]
         if since is None:
             return wanted
+        # The end offsets FIRST: a record stamped after `since` and produced after this call
+        # gets an offset at or past them; one produced before it is found by the time lookup.
+        # (Starting "at the end" instead resolves the end later, at the first fetch, and
+        # skips an answer produced in between: seen as a timeout.)
+        ends = {(tp.topic, tp.partition): consumer.get_watermark_offsets(
+            TopicPartition(tp.topic, tp.partition), timeout=10, cached=False)[1] for tp in wanted}
         positions = consumer.offsets_for_times(wanted, timeout=10)
-        # No record after the timestamp yet (-1): start at the end of the partition.
-        return [TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else -1)
+        return [TopicPartition(tp.topic, tp.partition,
+                               tp.offset if tp.offset >= 0 else ends[(tp.topic, tp.partition)])
                 for tp in positions]
 
 

@@ -41,6 +41,13 @@ class NotInLedgerYet(StorageError):
     code = "not_in_ledger_yet"
 
 
+class AttemptMayStillAct(AgentLedgerError):
+    """An attempt that may have reached the provider is still within its longest call time:
+    declaring an outcome now could contradict what it does next (issue 18 §1)."""
+
+    code = "attempt_may_still_act"
+
+
 class MigrationError(AgentLedgerError):
     """The database schema could not be brought up to date."""
 

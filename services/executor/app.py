@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 
@@ -15,11 +16,13 @@ from agentledger.connectors import base, crm
 from agentledger.contracts import topics
 from agentledger.executor import dispatcher, inflight
 from agentledger.kafka import topics as kafka_topics
-from agentledger.ledger import keys
+from agentledger.ledger import dispatch, keys
 from agentledger.policy import allowlist
 from agentledger.policy import repository as policy_repo
 from agentledger.services.executor import handlers
 from agentledger.services.executor.settings import ExecutorSettings
+
+log = logging.getLogger(__name__)
 
 
 def create_app(settings: ExecutorSettings | None = None) -> FastStream:
@@ -36,6 +39,10 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
                   if name == cfg.connector}
     running = inflight.InFlight(cfg.max_in_flight)
     state: dict[str, asyncpg.Pool] = {}
+    stable = cfg.group_instance_id is not None  # Kafka admits one live member per id
+    worker_id = cfg.worker_id or (
+        f"executor-{cfg.connector}-{cfg.group_instance_id}" if cfg.group_instance_id
+        else f"executor-{socket.gethostname()}-{os.getpid()}")
 
     async def init(conn: asyncpg.Connection) -> None:
         if cfg.db_role:
@@ -48,12 +55,18 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
         pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=cfg.pool_size,
                                          init=init)
         state["pool"] = pool
+        if stable:
+            # Our predecessor under this identity is gone (Kafka admits one live static
+            # member per id): its claims need not wait out their leases (issue 18 §4).
+            async with pool.acquire() as conn:
+                ended = await dispatch.end_leases_of(conn, worker_id)
+            log.info("event=predecessor_claims_released worker_id=%s count=%d", worker_id, ended)
         handlers.register(broker, dispatcher.Dispatcher(
             pool=pool, connectors=connectors,
             credentials=base.Credentials("write", cfg.write_tokens),
             cipher=keys.PayloadCipher(crypto.MasterKey.from_b64(cfg.master_key.get_secret_value())),
             authorizer=policy_repo.CedarAuthorizer(), allowlist=rules,
-            worker_id=cfg.worker_id or f"executor-{socket.gethostname()}-{os.getpid()}",
+            worker_id=worker_id,
             lease_s=cfg.lease_s, max_generations=cfg.max_generations,
         ), running, topic=topic, group_id=group, group_instance_id=cfg.group_instance_id,
             session_timeout_ms=cfg.session_timeout_ms)

@@ -25,7 +25,9 @@ class ExecutorSettings(BaseSettings):
     crm_url: str = "http://127.0.0.1:8090"
     # {connector: {tenant id: write-scoped token}}: loaded only by the executor (R1.7).
     write_tokens: dict[str, dict[str, str]] = Field(default_factory=dict)
-    worker_id: str | None = None   # default executor-<hostname>-<pid>
+    # Default: executor-<connector>-<group_instance_id> with static membership (a stable
+    # identity: its successor recovers its claims at once), else executor-<hostname>-<pid>.
+    worker_id: str | None = None
     # Calls in flight per instance: ~ target throughput * provider latency. 64 covers
     # 300 commands/s at 200 ms with room, and bounds memory and CRM connections.
     max_in_flight: int = 64

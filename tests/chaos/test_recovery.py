@@ -9,7 +9,9 @@ import signal
 import time
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 
+import psycopg2
 import pytest
 
 from tests.chaos import harness
@@ -20,13 +22,15 @@ from tests.private_stack import PrivateStack
 
 
 def test_kill_the_reconciler_mid_lookup(chaos: Pipeline) -> None:
-    # Every executor kill after its claim leaves an expired lease; the reconciler must then
-    # look the key up, and is killed there; a later reconciler takes over again.
+    # Every executor kill after its remote write leaves an expired lease on a claim that may
+    # have reached the CRM; the reconciler must then look the key up, and is killed there; a
+    # later reconciler takes over again. (A kill right after the claim no longer needs a
+    # lookup: nothing was stamped as sent, so it is simply requeued.)
     started, baseline = time.monotonic(), harness.effect_baseline(chaos)
     report = harness.PointReport("reconciler.mid_lookup")
     ops: dict[uuid.UUID, str] = {}
     for _ in range(harness.KILLS):
-        harness.restart(chaos, "executor-crm", "executor.after_claim:kill:1")
+        harness.restart(chaos, "executor-crm", "executor.after_remote_write:kill:1")
         harness.restart(chaos, "reconciler", "reconciler.mid_lookup:kill:1")
         harness.note(chaos, ops)()
         harness.wait_killed(chaos, "executor-crm")
@@ -80,6 +84,56 @@ def test_a_paused_worker_past_its_lease_cannot_finalize(chaos: Pipeline, tmp_pat
             os.kill(pid, signal.SIGCONT)  # a stopped process ignores SIGTERM until resumed
         b.stop()
         harness.restart(chaos, "executor-crm", None)
+
+
+def test_a_restarted_worker_recovers_its_predecessors_claims_without_waiting_the_lease(
+        chaos: Pipeline) -> None:
+    # Issue 18 §4: a killed executor restarting under the same identity (static membership)
+    # waited out its predecessor's whole lease before the claim was recovered. Here the lease
+    # is production's 60 s; the restarted worker ends its predecessor's leases at start-up and
+    # the reconciler recovers the command at once.
+    started, baseline = time.monotonic(), harness.effect_baseline(chaos)
+    svc = chaos.services["executor-crm"]
+    svc.env["AGENTLEDGER_EXECUTOR_LEASE_S"] = "60"
+    try:
+        harness.restart(chaos, "executor-crm", "executor.after_claim:kill:1")
+        ops: dict[uuid.UUID, str] = {}
+        op = harness.note(chaos, ops)()
+        harness.wait_killed(chaos, "executor-crm")
+        lease_until = _lease_until(chaos, op)
+        assert lease_until is not None, chaos.state(op)
+        harness.restart(chaos, "executor-crm", None)
+        assert chaos.wait_state(op, "succeeded", timeout=120)[0] == "succeeded"
+        finished = _finished_at(chaos, op)
+        # Recovered while the predecessor's lease still had time to run: not waited out.
+        assert finished < lease_until, (finished, lease_until)
+        assert "event=predecessor_claims_released worker_id=executor-crm-executor-crm-0 count=1" \
+            in svc.log.read_text(errors="replace"), svc.tail()
+        report = harness.check(chaos, harness.PointReport(
+            "restart under the same identity", seconds=time.monotonic() - started), ops, baseline)
+        report.kills = 1
+        report.notes.append(f"recovered {(lease_until - finished).total_seconds():.1f} s before the 60 s lease ran out")
+        harness.save(report)
+        assert (report.effects, report.duplicate_effects, report.unknowns) == (1, 0, 0), report
+    finally:
+        svc.env["AGENTLEDGER_EXECUTOR_LEASE_S"] = harness.CHAOS_ENV["executor-crm"]["AGENTLEDGER_EXECUTOR_LEASE_S"]
+        harness.restart(chaos, "executor-crm", None)
+
+
+def _lease_until(p: Pipeline, op: uuid.UUID) -> datetime | None:
+    with psycopg2.connect(p.database_url) as conn, conn.cursor() as cur:
+        cur.execute("SELECT lease_until FROM agent_command WHERE operation_id = %s AND state = 'dispatching'",
+                    (str(op),))
+        row = cur.fetchone()
+    return row[0] if row else None
+
+
+def _finished_at(p: Pipeline, op: uuid.UUID) -> datetime:
+    with psycopg2.connect(p.database_url) as conn, conn.cursor() as cur:
+        cur.execute("SELECT finished_at FROM agent_command WHERE operation_id = %s", (str(op),))
+        row = cur.fetchone()
+    assert row is not None and row[0] is not None
+    return row[0]
 
 
 def _stopped(pid: int) -> bool:

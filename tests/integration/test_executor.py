@@ -6,11 +6,13 @@ import asyncio
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 
 import asyncpg
 import pytest
 
 from agentledger import errors
+from agentledger.connectors import base
 from agentledger.ledger import dispatch
 from tests.helpers import assert_eventually
 from tests.integration.crm.conftest import Crm, run_crm
@@ -427,3 +429,85 @@ async def test_a_worker_whose_lease_ran_out_does_not_call_even_before_a_take_ove
         await worker.complete(begun.claim)
     assert await world.effects(t, "refund.created") == []
     assert (await world.reconciler().sweep())[op] == "requeued"  # and it was never sent
+
+
+RETENTION_S = 5.0
+
+
+@pytest.fixture(scope="module")
+def short_crm(make_database: Callable[[], str], tmp_path_factory: pytest.TempPathFactory) -> object:
+    with run_crm(make_database(), tmp_path_factory.mktemp("crm-short"), faults_enabled="true",
+                 idempotency_retention_seconds=str(RETENTION_S)) as c:
+        yield c
+
+
+async def test_a_lookup_after_the_provider_forgot_the_key_never_resends(
+    short_crm: Crm, database_url: str
+) -> None:
+    # Issue 18 §0: `Contract.retention` was never read. After a lost answer, a lookup that
+    # comes after the provider purged the key finds nothing, and the reconciler requeued and
+    # resent — a second effect (the CRM lets an expired key be used again).
+    w = await open_world(short_crm, database_url)
+    w.connectors["crm"].contract = base.Contract(  # type: ignore[misc]
+        "keyed", lookup=True, retention=timedelta(seconds=RETENTION_S))
+    try:
+        t = await w.tenant()
+        op = await w.admit(t, NOTE, {"body": "said once"})
+        await w.crm.arm({"match": {"method": "POST", "path_prefix": f"/v1/customers/{t.customer_id}/notes"},
+                         "action": "drop_after_commit", "times": 10})
+        begun = await w.dispatcher().begin(t.tenant_id, op)
+        assert begun.claim is not None
+        assert await w.dispatcher().complete(begun.claim) == "unknown"  # every answer lost
+        await w.crm.disarm()
+        assert len(await w.effects(t, "note.created")) == 1
+
+        async def forgotten() -> bool:
+            async with w.crm.client(t.lookup) as c:
+                return (await c.get(f"/v1/operations/{op}")).status_code == 404
+        await assert_eventually(forgotten, timeout=RETENTION_S + 15, message="the CRM never forgot the key")
+        assert (await w.reconciler().sweep())[op] == "unknown"
+        row = await w.row(t, op)
+        assert row["state"] == "unknown" and "key retention" in row["outcome_reason"], dict(row)
+        assert (await w.reconciler().sweep())[op] == "unknown"  # looked up again, never resent
+        assert len(await w.effects(t, "note.created")) == 1  # never a second note
+    finally:
+        await short_crm.disarm()
+        await close_world(w)
+
+
+async def test_nobody_resolves_a_command_while_an_attempt_may_still_act(world: World, database_url: str) -> None:
+    # Issue 18 §1: a worker stalled mid-call (after its pre-call check) while the reconciler
+    # recorded `unknown` and an operator resolved `failed`; then the call landed — a refund the
+    # ledger says failed. A resolution is refused while such an attempt may still act, or
+    # recorded as an explicit override.
+    t = await world.tenant()
+    ops = []
+    for n in range(2):
+        op = await world.admit(t, REFUND, {"invoice_id": f"inv-a{n}", "amount_minor": 700 + n,
+                                           "currency": "EUR", "reason": "stalled mid-call"})
+        begun = await world.dispatcher("stalled").begin(t.tenant_id, op)
+        assert begun.claim is not None
+        async with world.pool.acquire() as conn:
+            await dispatch.mark_sending(conn, begun.claim)  # passed the check; then it stalls
+        await _expire(world, op)
+        assert (await world.reconciler().sweep())[op] == "unknown"
+        ops.append(op)
+    operator = await asyncpg.connect(database_url)
+    try:
+        await operator.execute("SET ROLE agentledger_reconciler")
+        with pytest.raises(errors.AttemptMayStillAct, match="may act until"):
+            await dispatch.resolve_unknown(operator, t.tenant_id, ops[0], outcome="failed",
+                                           resolved_by="ops:bob", reason="nothing in the CRM")
+        assert (await world.row(t, ops[0]))["state"] == "unknown"
+        async with world.owner.acquire() as conn:  # the clock moving past the longest call
+            await conn.execute("UPDATE command_attempt SET sent_at = sent_at - make_interval(secs => $2) "
+                               "WHERE operation_id = $1", ops[0], dispatch.MAX_CALL_S + 1)
+        await dispatch.resolve_unknown(operator, t.tenant_id, ops[0], outcome="failed",
+                                       resolved_by="ops:bob", reason="nothing in the CRM")
+        await dispatch.resolve_unknown(operator, t.tenant_id, ops[1], outcome="failed", resolved_by="ops:bob",
+                                       reason="customer cancelled", override_acting=True)
+    finally:
+        await operator.close()
+    assert (await world.row(t, ops[0]))["state"] == "failed"
+    overridden = await world.row(t, ops[1])
+    assert overridden["state"] == "failed" and overridden["outcome_reason"].startswith("[OVERRIDE"), dict(overridden)

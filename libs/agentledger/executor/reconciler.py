@@ -141,9 +141,11 @@ class Reconciler:
                                         traceparent=spans.traceparent_of())
             if held is None:
                 return "skipped"
+            tried = await dispatch.attempts(conn, tenant_id, operation_id)
             unsent = held.previous_state == "dispatching" and dispatch.never_sent(
-                await dispatch.attempts(conn, tenant_id, operation_id), held.generation - 1)
+                tried, held.generation - 1)
             row = await repository.load_command(conn, tenant_id, operation_id)
+        expired = dispatch.past_retention(tried, contract.retention)
         if unsent:
             # Its holder stopped before any call reached the connector (crashed, cut off, or
             # fenced at the pre-call check): nothing to look up or doubt, whatever the
@@ -165,14 +167,22 @@ class Reconciler:
             if isinstance(found, base.Applied):
                 await self._finalize(held, "succeeded", receipt=found.receipt)
                 return "succeeded"
+            if isinstance(found, base.NotFound) and contract.may_resend and expired:
+                # The provider forgot the key (or will before a resend lands): "not found"
+                # no longer means "not done", and a resend would be a second effect.
+                await self._finalize(held, "unknown", reason=expired)
+                return "unknown"
             if isinstance(found, base.NotFound) and contract.may_resend:
                 return await self._requeue(held, "lookup found no effect; resend the same "
                                            "request with the same key")
             await self._finalize(held, "unknown", reason=getattr(found, "reason", "no answer"))
             return "unknown"
-        if contract.may_resend:
+        if contract.may_resend and not expired:
             return await self._requeue(held, "lease expired; the contract allows resending "
                                        "the same request")
+        if expired:
+            await self._finalize(held, "unknown", reason=expired)
+            return "unknown"
         await self._finalize(held, "unknown", reason="lease expired without a recorded answer; "
                              "the provider cannot be asked: an operator must reconcile")
         return "unknown"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 from uuid import UUID
@@ -26,6 +26,10 @@ Q = sql.load(Path(__file__).with_name("dispatch.sql"))
 # after 10 is not going to get one by retrying, and each generation is up to six provider
 # calls (a send, reconnects, resends).
 MAX_GENERATIONS = 10
+# The longest a connector call may run once it passed the pre-call check: connectors keep
+# their timeouts under it (the CRM's: 2 s connect + 5 s write + 5 s read). Nobody declares an
+# outcome while an attempt younger than this may still act.
+MAX_CALL_S = 30.0
 
 AttemptKind = Literal["dispatch", "lookup", "resend"]
 Requeued = Literal["requeued", "capped"]
@@ -125,6 +129,12 @@ async def mark_sending(conn: Conn, held: Claim) -> None:
                                 operation_id=str(held.operation_id))
 
 
+async def end_leases_of(conn: Conn, worker_id: str) -> int:
+    """End the leases still held under ``worker_id`` — only by that worker's successor, at
+    start-up, with an identity no other live process holds. Returns how many."""
+    return int(await conn.fetchval(Q["end_leases_of"], worker_id))
+
+
 def never_sent(tried: Sequence[dict[str, Any]], generation: int) -> bool:
     """Whether the claim of ``generation`` — taken from ``pending`` — made no attempt that may
     have reached its connector (none marked by ``mark_sending``).
@@ -135,6 +145,26 @@ def never_sent(tried: Sequence[dict[str, Any]], generation: int) -> bool:
     held = [a for a in tried if a["fencing_generation"] == generation]
     return bool(held) and held[0]["kind"] == "dispatch" and all(
         a["sent_at"] is None for a in held)
+
+
+def past_retention(tried: Sequence[dict[str, Any]], retention: timedelta | None, *,
+                   now: datetime | None = None) -> str | None:
+    """Why resending by key is no longer safe, or None while it is.
+
+    A provider dedupes a key only for its retention window: once the first send that may have
+    reached it is older than the window minus a margin (a tenth, at least a second), a lookup
+    that finds nothing proves nothing and a resend may create a second effect (issue 18).
+    """
+    sent = [a["sent_at"] for a in tried if a.get("sent_at") is not None]
+    if retention is None or not sent:
+        return None
+    first = min(sent)
+    margin = max(retention / 10, timedelta(seconds=1))
+    if (now or datetime.now(UTC)) < first + retention - margin:
+        return None
+    return (f"the first send ({first.isoformat(timespec='seconds')}) is past the provider's "
+            f"key retention ({retention}) less a margin: a resend could make a second effect "
+            "and a lookup proves nothing; an operator must check the provider")[:500]
 
 
 async def finish_attempt(conn: Conn, held: Claim, result: str, detail: str) -> None:
@@ -290,16 +320,34 @@ async def republish(
 async def resolve_unknown(
     conn: Conn, tenant_id: UUID, operation_id: UUID, *, outcome: Literal["succeeded", "failed"],
     resolved_by: str, reason: str, receipt: str | None = None, evidence: str | None = None,
+    override_acting: bool = False, max_call_s: float = MAX_CALL_S,
 ) -> UUID:
     """An operator resolves an ``unknown`` command, recorded with who, when, why (R6.6).
+
+    Refused while an attempt that may have reached the provider can still act (stamped, never
+    closed, younger than ``max_call_s``): a stalled worker's call could land after the
+    resolution and contradict it. ``override_acting`` resolves anyway; the risk is recorded
+    in the resolution's reason and audit event.
 
     Raises:
         ValidationFailed: ``succeeded`` without a receipt (never a success without one).
         InvalidTransition: the command is not ``unknown``.
+        AttemptMayStillAct: an attempt may still act, and no override.
     """
     if outcome == "succeeded" and not receipt:
         raise errors.ValidationFailed("a success needs the provider's receipt as evidence")
     async with repository.transaction(conn, tenant_id) as tx:
+        acting = await tx.fetch(Q["acting_attempts"], tenant_id, operation_id, max_call_s)
+        if acting and not override_acting:
+            first = acting[0]
+            raise errors.AttemptMayStillAct(
+                f"attempt {first['attempt_id']} (worker {first['worker_id']}, generation "
+                f"{first['fencing_generation']}) was sent at {first['sent_at'].isoformat()} and "
+                f"may act until {max_call_s:.0f} s after; resolve after that, or override "
+                "knowing its effect may still land", operation_id=str(operation_id))
+        if acting:
+            reason = (f"[OVERRIDE: resolved while {len(acting)} attempt(s) may still act] "
+                      + reason)
         row = await tx.fetchrow(Q["resolve_unknown"], tenant_id, operation_id, outcome, receipt,
                                 reason[:500])
         if row is None:
@@ -313,7 +361,8 @@ async def resolve_unknown(
             type="command.reconciled",
             payload={"operation_id": str(operation_id), "outcome": outcome,
                      "resolved_by": resolved_by, "reason": reason[:500], "receipt": receipt,
-                     "resolution_id": str(resolution["resolution_id"])},
+                     "resolution_id": str(resolution["resolution_id"]),
+                     "overrode_acting_attempts": len(acting)},
         )
         await repository.append_event(
             tx, tenant_id=tenant_id, operation_id=operation_id, family="outcome",

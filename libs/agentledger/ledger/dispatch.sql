@@ -117,6 +117,19 @@ WHERE tenant_id = $1 AND operation_id = $2 AND state = 'pending'
                   WHERE o.tenant_id = $1 AND o.operation_id = $2)
 RETURNING connector;
 
+-- name: acting_attempts --
+-- Attempts stamped as sent (they may have reached the provider), never closed, and sent less
+-- than $3 seconds ago: their call may still be running.
+SELECT attempt_id, worker_id, fencing_generation, sent_at
+FROM command_attempt
+WHERE tenant_id = $1 AND operation_id = $2 AND sent_at IS NOT NULL AND finished_at IS NULL
+  AND sent_at > now() - make_interval(secs => $3)
+ORDER BY sent_at;
+
+-- name: end_leases_of --
+-- A restarted worker ends the leases its predecessor (same identity) still holds (0017).
+SELECT agentledger_end_leases_of($1);
+
 -- name: needs_reconciliation --
 -- Keys of commands with an expired lease or an unknown outcome below the retry cap, across
 -- tenants (the function returns no payload and no principal; see migrations 0004, 0012).

@@ -140,12 +140,16 @@ class Relay:
     log_dir: Path
     extra_env: dict[str, str] = field(default_factory=dict)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    # Log in as the relay's own role, derived from the owner's URL (False: the URL already
+    # names a dedicated login, as the Debezium equivalence test's does).
+    service_login: bool = True
 
     def start(self, **env: str) -> subprocess.Popen[bytes]:
         environ = {
             **os.environ,
             # The relay's own login, as in production (issue 17): REPLICATION, its group role.
-            "AGENTLEDGER_DATABASE_URL": asyncio.run(logins.ensure(self.database_url, ("relay",)))["relay"],
+            "AGENTLEDGER_DATABASE_URL": (asyncio.run(logins.ensure(self.database_url, ("relay",)))["relay"]
+                                         if self.service_login else self.database_url),
             "AGENTLEDGER_KAFKA_BOOTSTRAP": self.bootstrap,
             "AGENTLEDGER_RELAY_SLOT": self.slot,
             "AGENTLEDGER_RELAY_TOPIC_NAMESPACE": self.namespace,
