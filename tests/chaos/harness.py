@@ -33,18 +33,24 @@ TERMINAL = {"succeeded", "denied", "expired", "review_required", "failed"}
 
 # Short leases and periods so a killed worker's command is recovered in seconds; static
 # membership so a restarted consumer takes its partitions back without a rebalance wait.
+# A restarted executor ends its predecessor's leases at once (issue 18), so one command can be
+# claimed by several armed executors in a row, each killed after its claim: every bounce costs
+# two fencing generations. The retry cap (10 in production) would hold such a command for an
+# operator, which is right for a command that crash-loops workers, but not what these tests
+# measure (20 deliberate kills, no loss, no duplicate): the chaos cap is far above any bounce.
+MAX_GENERATIONS = str(4 * KILLS + 10)
 CHAOS_ENV: dict[str, dict[str, str]] = {
-    "executor-crm": {"AGENTLEDGER_EXECUTOR_LEASE_S": "4",
+    "executor-crm": {"AGENTLEDGER_EXECUTOR_LEASE_S": "4", "AGENTLEDGER_MAX_GENERATIONS": MAX_GENERATIONS,
                      "AGENTLEDGER_EXECUTOR_GROUP_INSTANCE_ID": "executor-crm-0",
                      "AGENTLEDGER_EXECUTOR_SESSION_TIMEOUT_MS": "6000",
                      "AGENTLEDGER_EXECUTOR_DRAIN_S": "1"},
-    "executor-billing": {"AGENTLEDGER_EXECUTOR_LEASE_S": "4",
+    "executor-billing": {"AGENTLEDGER_EXECUTOR_LEASE_S": "4", "AGENTLEDGER_MAX_GENERATIONS": MAX_GENERATIONS,
                          "AGENTLEDGER_EXECUTOR_GROUP_INSTANCE_ID": "executor-billing-0",
                          "AGENTLEDGER_EXECUTOR_SESSION_TIMEOUT_MS": "6000",
                          "AGENTLEDGER_EXECUTOR_DRAIN_S": "1"},
     "admission": {"AGENTLEDGER_ADMISSION_GROUP_INSTANCE_ID": "admission-0",
                   "AGENTLEDGER_ADMISSION_SESSION_TIMEOUT_MS": "6000"},
-    "reconciler": {"AGENTLEDGER_RECONCILER_PERIOD_S": "0.5",
+    "reconciler": {"AGENTLEDGER_RECONCILER_PERIOD_S": "0.5", "AGENTLEDGER_MAX_GENERATIONS": MAX_GENERATIONS,
                    "AGENTLEDGER_RECONCILER_LEASE_S": "3"},
 }
 # An admission killed before its commit N times redelivers the same first proposal N times:

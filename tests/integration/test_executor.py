@@ -7,6 +7,7 @@ import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
+from typing import Any
 
 import asyncpg
 import pytest
@@ -362,6 +363,16 @@ async def test_a_record_on_the_wrong_topic_is_never_claimed_by_a_worker_without_
     assert len(await world.effects(t, "refund.created")) == 1
 
 
+async def _claimed_refund(world: World, t: Any, invoice: str, amount: int, reason: str,
+                          worker: str = "w1") -> tuple[uuid.UUID, dispatch.Claim]:
+    """A refund admitted and claimed by ``worker`` (nothing sent yet)."""
+    op = await world.admit(t, REFUND, {"invoice_id": invoice, "amount_minor": amount, "currency": "EUR",
+                                       "reason": reason})
+    begun = await world.dispatcher(worker).begin(t.tenant_id, op)
+    assert begun.claim is not None
+    return op, begun.claim
+
+
 async def _expire(world: World, op: uuid.UUID) -> None:
     async with world.owner.acquire() as conn:  # the clock moving past the lease, in one statement
         await conn.execute("UPDATE agent_command SET lease_until = now() - interval '1 second' "
@@ -403,13 +414,9 @@ async def test_a_refund_whose_call_may_have_been_sent_stays_unknown(world: World
     # The other side of the stamp: once the pre-call check passed, the call may have reached
     # the provider; a lease that expires then is `unknown` for a `none` contract, as before.
     t = await world.tenant()
-    op = await world.admit(t, REFUND, {"invoice_id": "inv-u", "amount_minor": 901, "currency": "EUR",
-                                       "reason": "sent then silent"})
-    worker = world.dispatcher()
-    begun = await worker.begin(t.tenant_id, op)
-    assert begun.claim is not None
+    op, claim = await _claimed_refund(world, t, "inv-u", 901, "sent then silent")
     async with world.pool.acquire() as conn:
-        await dispatch.mark_sending(conn, begun.claim)  # the check a call passes, then a crash
+        await dispatch.mark_sending(conn, claim)  # the check a call passes, then a crash
     await _expire(world, op)
     assert (await world.reconciler().sweep())[op] == "unknown"
     assert (await world.row(t, op))["state"] == "unknown"
@@ -419,14 +426,10 @@ async def test_a_worker_whose_lease_ran_out_does_not_call_even_before_a_take_ove
     # The check is the lease on the ledger, not the worker's clock or belief: expired is
     # expired, whether or not a reconciler has come by yet.
     t = await world.tenant()
-    op = await world.admit(t, REFUND, {"invoice_id": "inv-e", "amount_minor": 902, "currency": "EUR",
-                                       "reason": "late"})
-    worker = world.dispatcher()
-    begun = await worker.begin(t.tenant_id, op)
-    assert begun.claim is not None
+    op, claim = await _claimed_refund(world, t, "inv-e", 902, "late")
     await _expire(world, op)
     with pytest.raises(errors.StaleClaim):
-        await worker.complete(begun.claim)
+        await world.dispatcher().complete(claim)
     assert await world.effects(t, "refund.created") == []
     assert (await world.reconciler().sweep())[op] == "requeued"  # and it was never sent
 
@@ -483,12 +486,9 @@ async def test_nobody_resolves_a_command_while_an_attempt_may_still_act(world: W
     t = await world.tenant()
     ops = []
     for n in range(2):
-        op = await world.admit(t, REFUND, {"invoice_id": f"inv-a{n}", "amount_minor": 700 + n,
-                                           "currency": "EUR", "reason": "stalled mid-call"})
-        begun = await world.dispatcher("stalled").begin(t.tenant_id, op)
-        assert begun.claim is not None
+        op, claim = await _claimed_refund(world, t, f"inv-a{n}", 700 + n, "stalled mid-call", "stalled")
         async with world.pool.acquire() as conn:
-            await dispatch.mark_sending(conn, begun.claim)  # passed the check; then it stalls
+            await dispatch.mark_sending(conn, claim)  # passed the check; then it stalls
         await _expire(world, op)
         assert (await world.reconciler().sweep())[op] == "unknown"
         ops.append(op)

@@ -30,6 +30,16 @@ async def _admit_encrypted(db: asyncpg.Connection, cipher: keys.PayloadCipher, b
     return cmd
 
 
+async def _purge_as_maintenance(database_url: str) -> list[tuple[uuid.UUID, uuid.UUID]]:
+    """Retention as its CronJob runs it: the maintenance role, a day's window."""
+    maintenance = await asyncpg.connect(database_url)
+    try:
+        await maintenance.execute("SET ROLE agentledger_maintenance")
+        return await repository.purge_payloads(maintenance, older_than_s=86_400)
+    finally:
+        await maintenance.close()
+
+
 async def test_round_trip_and_one_key_per_tenant(db: asyncpg.Connection, cipher: keys.PayloadCipher) -> None:
     a = await _admit_encrypted(db, cipher, b'{"body":"secret one"}')
     b = await _admit_encrypted(db, cipher, b'{"body":"secret two"}', tenant=a.tenant_id)
@@ -66,12 +76,7 @@ async def test_retention_purges_payloads_but_replay_still_detected(
         "UPDATE agent_command SET state='succeeded', provider_receipt='r-1', "
         "finished_at = now() - interval '2 days' WHERE operation_id=$1", done.operation_id,
     )
-    maintenance = await asyncpg.connect(database_url)
-    try:
-        await maintenance.execute("SET ROLE agentledger_maintenance")
-        purged = await repository.purge_payloads(maintenance, older_than_s=86_400)
-    finally:
-        await maintenance.close()
+    purged = await _purge_as_maintenance(database_url)
     assert (done.tenant_id, done.operation_id) in purged
     assert (live.tenant_id, live.operation_id) not in purged
     row = await db.fetchrow("SELECT payload_ciphertext, payload_purged_at, request_hash, state "
@@ -125,12 +130,7 @@ async def test_retention_purges_decided_approval_requests_payload_and_evidence(
     # A row written before 0016 kept its excerpt in the jsonb: retention strips it too.
     await db.execute("UPDATE approval_request SET evidence = jsonb_set(evidence, '{0,excerpt}', '\"legacy\"') "
                      "WHERE approval_id = $1", decided.approval_id)
-    maintenance = await asyncpg.connect(database_url)
-    try:
-        await maintenance.execute("SET ROLE agentledger_maintenance")
-        purged = await repository.purge_payloads(maintenance, older_than_s=86_400)
-    finally:
-        await maintenance.close()
+    purged = await _purge_as_maintenance(database_url)
     assert (decided.tenant_id, decided.operation_id) in purged
     assert (pending.tenant_id, pending.operation_id) not in purged
     row = await db.fetchrow("SELECT * FROM approval_request WHERE approval_id = $1", decided.approval_id)
