@@ -71,15 +71,8 @@ VALUES ($1, $2, $3, $4)
 ON CONFLICT (tenant_id, key_version) DO NOTHING;
 
 -- name: xid_visible --
--- Whether the transaction with this 32-bit xid (as the relay's `xid` header carries it) is
--- visible to a new snapshot; the 64-bit xid is rebuilt from the snapshot's xmax epoch.
-WITH s AS (SELECT pg_current_snapshot() AS snap),
-     x AS (SELECT snap, (pg_snapshot_xmax(snap)::text::bigint >> 32) AS epoch,
-                  pg_snapshot_xmax(snap)::text::bigint AS xmax FROM s),
-     f AS (SELECT snap, CASE WHEN (epoch << 32) + $1::bigint >= xmax AND epoch > 0
-                             THEN ((epoch - 1) << 32) + $1::bigint
-                             ELSE (epoch << 32) + $1::bigint END AS full_xid FROM x)
-SELECT pg_visible_in_snapshot(full_xid::text::xid8, snap) FROM f;
+-- Whether the transaction with this 32-bit xid (the relay's `xid` header) is visible yet.
+SELECT agentledger_xid_visible($1);
 
 -- name: purge_approval_payloads --
 -- Retention (R3.6) of approval requests decided longer ago than the window: both ciphertexts

@@ -165,17 +165,8 @@ def check_publication(conn: Any, publication: str) -> None:
         )
 
 
-# Is the transaction with this 32-bit xid visible to a new snapshot? The 64-bit xid is
-# rebuilt from the snapshot's xmax epoch (an xid in the stream is never newer than xmax).
-_VISIBLE = """
-WITH s AS (SELECT pg_current_snapshot() AS snap),
-     x AS (SELECT snap, (pg_snapshot_xmax(snap)::text::bigint >> 32) AS epoch,
-                  pg_snapshot_xmax(snap)::text::bigint AS xmax FROM s),
-     f AS (SELECT snap, CASE WHEN (epoch << 32) + %(xid)s::bigint >= xmax AND epoch > 0
-                             THEN ((epoch - 1) << 32) + %(xid)s::bigint
-                             ELSE (epoch << 32) + %(xid)s::bigint END AS full_xid FROM x)
-SELECT pg_visible_in_snapshot(full_xid::text::xid8, snap) FROM f
-"""
+# Is the transaction with this 32-bit xid visible to a new snapshot? (migration 0018)
+_VISIBLE = "SELECT agentledger_xid_visible(%(xid)s)"
 
 
 def visible(conn: Any, xid: int) -> bool:

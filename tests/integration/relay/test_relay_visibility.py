@@ -73,6 +73,7 @@ def test_a_commit_parked_for_a_synchronous_standby_is_published_and_swept_only_o
             assert not committing.is_alive()
     finally:
         parked.close()
+    support.wait_for_topics(kafka_admin, [topic])  # the relay creates it with its first record
     received = support.read_topics(relay.bootstrap, [topic], lambda got: len(got) >= 1, timeout=60)
     assert [r.key for r in received] == [command.key], relay.log_text()[-3000:]
     assert received[0].header("xid") == str(xid)  # where it came from, for consumers
