@@ -227,12 +227,11 @@ class Relay:
         raise errors.NotVisibleYet("a streamed transaction is still invisible; restarting",
                                    xid=xid, waited_s=self.opts.visibility_timeout)
 
-    def _handle(self, s: _Session, msg: pgoutput.Message, ctrl: Any = None) -> None:
+    def _handle(self, s: _Session, msg: pgoutput.Message, ctrl: Any) -> None:
         if isinstance(msg, pgoutput.Begin):
-            if ctrl is not None:
-                # Nothing of it is published, nor swept, before it is visible: an executor
-                # would not find its row, and the sweep would delete nothing (issue 18).
-                self._wait_visible(ctrl, msg.xid)
+            # Nothing of it is published, nor swept, before it is visible: an executor would
+            # not find its row, and the sweep would delete nothing (issue 18).
+            self._wait_visible(ctrl, msg.xid)
             s.txn = s.checkpoint.begin(msg.final_lsn, msg.commit_time_us, msg.xid)
         elif isinstance(msg, pgoutput.Insert):
             relation = s.relations.get(msg.relation_oid)
