@@ -66,6 +66,13 @@ class Settings(BaseSettings):
     # Reconnect quickly after a blip, but do not hammer a database that is restarting.
     backoff_initial: float = Field(default=0.2, gt=0)
     backoff_max: float = Field(default=5.0, gt=0)
+    # The backstop (issue 18): an outbox row this old that the stream does not carry is
+    # published from the table — the rows before the slot existed if the session that created
+    # it died, a slot re-created after a failover, any row a race left. Far above the normal
+    # relay latency (milliseconds), so a healthy stream never meets it; scanned only when the
+    # stream has caught up, at most every `backstop_interval` seconds.
+    backstop_age: float = Field(default=10.0, gt=0)
+    backstop_interval: float = Field(default=5.0, gt=0)
 
     def relay_options(self, common: shared.Settings) -> options.RelayOptions:
         """The library's options from these settings and the shared connections."""
@@ -96,6 +103,8 @@ class Settings(BaseSettings):
             shutdown_timeout=self.shutdown_timeout,
             backoff_initial=self.backoff_initial,
             backoff_max=self.backoff_max,
+            backstop_age=self.backstop_age,
+            backstop_interval=self.backstop_interval,
         )
 
 

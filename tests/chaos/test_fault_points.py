@@ -13,6 +13,7 @@ import uuid
 from tests.chaos import harness
 from tests.e2e.pipeline import Pipeline
 from tests.helpers import wait_until
+from tests.integration.relay import support as relay_support
 
 
 def _assert_zeros(report: harness.PointReport) -> None:
@@ -89,4 +90,33 @@ def test_kill_executor_after_the_receipt_before_the_ack(chaos: Pipeline) -> None
 def test_kill_relay_after_produce_before_the_lsn_flush(chaos: Pipeline) -> None:
     report = _run(chaos, "relay.after_produce", "relay")
     assert report.unknowns == 0  # republished exec records are deduped by the ledger
+    _assert_zeros(report)
+
+
+def test_kill_relay_right_after_it_creates_its_slot(chaos: Pipeline) -> None:
+    # Issue 18: commands admitted while no slot exists predate the one the relay creates; a
+    # relay killed right after creating it used to take their only copy (its snapshot) with
+    # it. Each round: the slot is dropped, a note is admitted, the relay creates the slot and
+    # dies. The clean relay at the end streams nothing of them: the backstop must find them.
+    started, baseline = time.monotonic(), harness.effect_baseline(chaos)
+    report = harness.PointReport("relay.after_slot_created")
+    relay = chaos.services["relay"]
+    slot = relay.env["AGENTLEDGER_RELAY_SLOT"]
+    ops: dict[uuid.UUID, str] = {}
+    for _ in range(harness.KILLS):
+        relay.kill()
+        relay_support.drop_slot(chaos.database_url, slot)
+        op = harness.note(chaos, ops)()
+        assert wait_until(lambda op=op: op in harness.states(chaos, [op]), timeout=60), (
+            "the note was never admitted")
+        harness.restart(chaos, "relay", "relay.after_slot_created:kill:1")
+        harness.wait_killed(chaos, "relay")
+        report.kills += 1
+    harness.restart(chaos, "relay", None)
+    assert harness.settle(chaos, ops), harness.unsettled(chaos, ops)
+    log = relay.log.read_text(errors="replace")
+    assert "event=relay.backstop reason=stale" in log, relay.tail()  # who published them
+    report.seconds = time.monotonic() - started
+    report = harness.check(chaos, report, ops, baseline)
+    assert report.unknowns == 0
     _assert_zeros(report)

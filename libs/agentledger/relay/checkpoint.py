@@ -24,8 +24,7 @@ class Transaction:
     end_lsn: int | None = None  # set by the Commit message
     pending: int = 0  # records produced and not yet acknowledged
     failed: bool = False
-    snapshot: bool = False  # the rows committed before the slot existed
-    xid: int | None = None  # the transaction id pgoutput announced (None: the snapshot)
+    xid: int | None = None  # the transaction id pgoutput announced
     rows: list[tuple[str, str]] = field(default_factory=list)  # (table, event id) to sweep
 
     @property
@@ -71,6 +70,10 @@ class Checkpoint:
         self.in_flight_records -= 1
         if not ok:
             txn.failed = True
+
+    def event_ids(self) -> set[str]:
+        """Event ids of every record received and not yet confirmed (for the backstop)."""
+        return {event_id for txn in self._queue for _, event_id in txn.rows}
 
     @property
     def has_failure(self) -> bool:

@@ -10,6 +10,7 @@ from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 LAG = "agentledger.relay.lag"
 RETAINED_WAL = "agentledger.relay.slot.retained_wal"
 PUBLISHED = "agentledger.relay.published"
+BACKSTOP = "agentledger.relay.backstop.published"
 
 
 class RelayMetrics:
@@ -30,6 +31,10 @@ class RelayMetrics:
         self._published = meter.create_counter(
             PUBLISHED, unit="{record}", description="Records acknowledged by Kafka."
         )
+        self._backstop = meter.create_counter(
+            BACKSTOP, unit="{record}",
+            description="Outbox rows published by the backstop scan, not the stream "
+                        "(reason: pre_slot, or stale: a row the stream should have carried).")
         meter.create_observable_gauge(
             RETAINED_WAL,
             callbacks=[self._observe_wal],
@@ -42,6 +47,11 @@ class RelayMetrics:
         attributes = {"topic.family": family}
         self._lag.record(max(lag_ms, 0.0), attributes)
         self._published.add(1, attributes)
+
+    def backstop_published(self, rows: int, reason: str) -> None:
+        """``rows`` outbox rows handed to the producer by the backstop, for ``reason``."""
+        if rows:
+            self._backstop.add(rows, {"reason": reason})
 
     def _observe_wal(self, _options: CallbackOptions) -> Iterable[Observation]:
         # The streaming loop refreshes the value; the exporter thread never touches the DB.

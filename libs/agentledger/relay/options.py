@@ -37,6 +37,10 @@ class RelayOptions:
         shutdown_timeout: seconds a graceful stop waits for in-flight acknowledgements.
         backoff_initial: first reconnect delay, doubled per failure.
         backoff_max: longest reconnect delay.
+        backstop_age: an outbox row older than this that the stream does not have in flight
+            is published by the backstop scan (see ``backstop``): a few times the normal
+            relay latency, so a healthy stream never meets it.
+        backstop_interval: pause between two passes of the backstop scan.
         visibility_timeout: longest wait for a streamed transaction to become visible to
             other sessions (a commit waiting for a synchronous standby) before the session
             fails closed and restarts from the slot.
@@ -64,3 +68,5 @@ class RelayOptions:
     backoff_initial: float = 0.2
     backoff_max: float = 5.0
     visibility_timeout: float = 30.0
+    backstop_age: float = 10.0
+    backstop_interval: float = 5.0

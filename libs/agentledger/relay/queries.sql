@@ -29,6 +29,27 @@ FROM (
 ) AS pending
 ORDER BY created_at, source, ctid;
 
+-- name: stale_outbox --
+-- The backstop's scan (issue 18): rows still in the outbox long after the stream should have
+-- published and swept them, oldest first, after a keyset cursor (created_at, source, id).
+-- The outbox is normally near empty (rows leave it once Kafka acknowledged them), so this
+-- reads little; it is run only when the stream has caught up with the WAL.
+SELECT source, id, aggregatetype, aggregateid, type, payload, traceparent, tracestate,
+       created_at
+FROM (
+  SELECT 'command_outbox' AS source, id::text, aggregatetype, aggregateid, type,
+         payload::text, traceparent, tracestate, created_at
+  FROM command_outbox WHERE created_at < now() - make_interval(secs => %(age)s)
+  UNION ALL
+  SELECT 'event_outbox', id::text, aggregatetype, aggregateid, type, payload::text,
+         traceparent, tracestate, created_at
+  FROM event_outbox WHERE created_at < now() - make_interval(secs => %(age)s)
+) AS stale
+WHERE %(after_at)s::timestamptz IS NULL
+   OR (created_at, source, id) > (%(after_at)s::timestamptz, %(after_source)s, %(after_id)s)
+ORDER BY created_at, source, id
+LIMIT %(limit)s;
+
 -- name: sweep_command_outbox --
 -- Remove command obligations whose publication Kafka confirmed.
 DELETE FROM command_outbox WHERE id = ANY(%(ids)s::uuid[]);

@@ -233,3 +233,24 @@ def retained_wal_bytes(conn: Any, slot: str) -> int | None:
 def drop_slot(conn: Any, slot: str) -> None:
     """Drop the slot if it exists (it must not be streaming)."""
     _one(conn, "drop_slot", slot=slot)
+
+
+def stale_rows(
+    conn: Any, *, age_s: float, after: tuple[Any, str, str] | None, limit: int
+) -> list[tuple[str, dict[str, str | None], tuple[Any, str, str]]]:
+    """Outbox rows older than ``age_s`` after the keyset ``after``, oldest first.
+
+    Returns ``(table, row, position)``; the last position is the next call's ``after``.
+    """
+    at, source, event_id = after if after is not None else (None, "", "")
+    with translated("stale_outbox"), conn.cursor() as cur:
+        cur.execute(_QUERIES["stale_outbox"], {
+            "age": age_s, "after_at": at, "after_source": source, "after_id": event_id,
+            "limit": limit})
+        names = [d[0] for d in cur.description]
+        rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+    found = []
+    for r in rows:
+        table, created = str(r.pop("source")), r.pop("created_at")
+        found.append((table, {k: _text(v) for k, v in r.items()}, (created, table, str(r["id"]))))
+    return found

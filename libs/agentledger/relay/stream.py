@@ -22,6 +22,7 @@ from opentelemetry.metrics import MeterProvider
 
 from agentledger import errors, faults
 from agentledger.relay import (
+    backstop,
     checkpoint,
     metrics,
     options,
@@ -38,9 +39,12 @@ log = logging.getLogger(__name__)
 class _Session:
     """State of one replication connection; discarded with it."""
 
-    def __init__(self, epoch: int) -> None:
+    def __init__(self, epoch: int, opts: options.RelayOptions) -> None:
         self.epoch = epoch
         self.checkpoint = checkpoint.Checkpoint()
+        # A new session scans the outbox at its first caught-up moment (see ``backstop``).
+        self.backstop = backstop.Backstop(opts.backstop_age, opts.backstop_interval,
+                                          opts.sweep_batch)
         self.relations: dict[int, pgoutput.Relation] = {}
         self.txn: checkpoint.Transaction | None = None
         self.records = 0
@@ -74,9 +78,6 @@ class Relay:
         )
         self._epoch = 0
         self.sessions_started = 0
-        # Rows committed before the slot was created: kept until published and swept, so a
-        # failed session retries them (see ``_publish_snapshot``).
-        self._snapshot: tuple[int, list[tuple[str, dict[str, str | None]]]] | None = None
 
     def run(self, stop: threading.Event) -> None:
         """Stream until ``stop`` is set, reconnecting with exponential backoff.
@@ -108,7 +109,7 @@ class Relay:
 
     def _run_session(self, stop: threading.Event) -> None:
         self._epoch += 1
-        session = _Session(self._epoch)
+        session = _Session(self._epoch, self.opts)
         self._publisher.reset_if_needed()
         ctrl = repository.connect(self.opts.database_url)
         repl: Any = None
@@ -119,11 +120,15 @@ class Relay:
             repository.check_publication(ctrl, self.opts.publication)
             repl = repository.connect_replication(self.opts.database_url)
             cur = repl.cursor()
+            pre_slot: list[tuple[str, dict[str, str | None]]] = []
             if not exists:
                 created = repository.create_slot(cur, self.opts.slot)
+                faults.point_sync("relay.after_slot_created")  # the snapshot is not read yet
                 if created is not None:
-                    lsn, snapshot = created
-                    self._snapshot = (lsn, repository.snapshot_rows(ctrl, snapshot))
+                    # The exact set the slot will never stream, read while the exported
+                    # snapshot lives; if this session dies before they are acknowledged, the
+                    # backstop finds them in the table (nothing here is kept in memory).
+                    pre_slot = repository.snapshot_rows(ctrl, created[1])
             with repository.translated("start_replication"):
                 cur.start_replication(
                     slot_name=self.opts.slot,
@@ -131,8 +136,8 @@ class Relay:
                     options={"proto_version": "1", "publication_names": self.opts.publication},
                     status_interval=self.opts.status_interval,
                 )
-            if self._snapshot is not None:
-                self._publish_snapshot(session, *self._snapshot)
+            if pre_slot:
+                self._publish_rows(session, pre_slot, reason="pre_slot")
             self.sessions_started += 1
             log.info("event=relay.streaming slot=%s epoch=%d", self.opts.slot, session.epoch)
             self._stream(stop, session, ctrl, repl, cur)
@@ -153,16 +158,20 @@ class Relay:
                     ctrl, self.opts.slot
                 )
                 next_metrics = time.monotonic() + self.opts.metrics_interval
-            read = 0
+            self._finish_backstop(s, ctrl)
+            read, caught_up = 0, False
             while read < self.opts.read_batch and (
                 s.checkpoint.in_flight_records < self.opts.max_in_flight
             ):
                 with repository.translated("read_message"):
                     msg = cur.read_message()
                 if msg is None:
+                    caught_up = True
                     break
                 self._handle(s, pgoutput.decode(bytes(msg.payload)), ctrl)
                 read += 1
+            if caught_up and s.backstop.due():
+                self._scan_backstop(s, ctrl)
             if read or acked:
                 continue
             # Nothing to do: sleep until WAL arrives, a report arrives, or housekeeping.
@@ -172,21 +181,44 @@ class Relay:
             select.select(waiting, [], [], self.opts.idle_wait)
             self._publisher.drain_wake()
 
-    def _publish_snapshot(
-        self, s: _Session, lsn: int, rows: list[tuple[str, dict[str, str | None]]]
+    def _publish_rows(
+        self, s: _Session, rows: list[tuple[str, dict[str, str | None]]], *, reason: str
     ) -> None:
-        """Publish the rows the slot will never stream, as one transaction ahead of the stream.
+        """Publish outbox rows the slot will not stream, as one backstop batch.
 
-        Like Debezium's initial snapshot: without it, rows admitted before the relay's first
-        start would wait in the outbox forever. Confirmed (and forgotten) only once every
-        row is acknowledged and swept, like any streamed transaction.
+        ``pre_slot``: like Debezium's initial snapshot, the rows committed before the slot
+        existed. ``stale``: rows the scan found long after they should have left the outbox.
+        Swept once all are acknowledged; never part of the slot's checkpoint.
         """
-        txn = s.checkpoint.begin(final_lsn=lsn, commit_time_us=0)
-        txn.snapshot = True
+        batch = s.backstop.start(reason)
         for table, row in rows:
-            self._produce(s, txn, table, row, lag=False)
-        s.checkpoint.commit(lsn)
-        log.info("event=relay.snapshot rows=%d", len(rows))
+            record = self.router.route(table, row)
+            self._topics.ensure(record.topic, record.family)
+            s.backstop.add(batch, record.table, record.event_id)
+            self._publisher.publish(record, None, (s.epoch, batch))
+        self.metrics.backstop_published(len(rows), reason)
+        log.log(logging.INFO if reason == "pre_slot" else logging.WARNING,
+                "event=relay.backstop reason=%s rows=%d", reason, len(rows))
+
+    def _scan_backstop(self, s: _Session, ctrl: Any) -> None:
+        """One batch of the outbox scan (see ``backstop``): publish what the stream missed."""
+        found = repository.stale_rows(ctrl, age_s=s.backstop.age_s, after=s.backstop.after,
+                                      limit=s.backstop.limit)
+        s.backstop.read(len(found), found[-1][2] if found else None)
+        in_flight = s.checkpoint.event_ids()
+        missed = [(table, row) for table, row, _ in found if row.get("id") not in in_flight]
+        if missed:
+            self._publish_rows(s, missed, reason="stale")
+
+    def _finish_backstop(self, s: _Session, ctrl: Any) -> None:
+        """Sweep a backstop batch once Kafka acknowledged all of it."""
+        batch = s.backstop.batch
+        if batch is None or not batch.acknowledged:
+            return
+        if batch.rows:
+            # Fewer deletions than rows is fine here: the stream may have swept some first.
+            repository.sweep(ctrl, batch.rows)
+        s.backstop.done(batch)
 
     def _produce(
         self,
@@ -194,8 +226,6 @@ class Relay:
         txn: checkpoint.Transaction,
         table: str,
         row: dict[str, str | None],
-        *,
-        lag: bool = True,
     ) -> None:
         record = self.router.route(table, row)
         if txn.xid is not None:
@@ -208,8 +238,7 @@ class Relay:
         if not s.checkpoint.in_flight_records:
             s.progress_at = time.monotonic()
         s.checkpoint.add(txn, record.table, record.event_id)
-        commit_time = txn.commit_time_us if lag else None
-        self._publisher.publish(record, commit_time, (s.epoch, txn))
+        self._publisher.publish(record, txn.commit_time_us, (s.epoch, txn))
         s.records += 1
 
     def _wait_visible(self, ctrl: Any, xid: int) -> None:
@@ -256,10 +285,14 @@ class Relay:
                 report = self._publisher.reports.get_nowait()
             except queue.Empty:
                 break
-            epoch, txn = cast(tuple[int, checkpoint.Transaction], report.token)
+            epoch, owner = cast(tuple[int, checkpoint.Transaction | backstop.Batch],
+                                report.token)
             if epoch != s.epoch:
                 continue  # a record of an abandoned session: it will be streamed again
-            s.checkpoint.delivered(txn, report.ok)
+            if isinstance(owner, backstop.Batch):
+                s.backstop.delivered(owner, report.ok)
+            else:
+                s.checkpoint.delivered(owner, report.ok)
             applied += 1
             if not report.ok:
                 # A new producer for the next session: the old one's queue would only
@@ -295,25 +328,26 @@ class Relay:
                 raise errors.RelayError("the sweep left published outbox rows in place; "
                                         "not confirming", rows=still)
         lsn = s.checkpoint.swept(txns)
-        if any(t.snapshot for t in txns):
-            self._snapshot = None
         with repository.translated("send_feedback"):
             cur.send_feedback(flush_lsn=lsn, force=True)
 
     def _drain_on_stop(self, s: _Session, ctrl: Any, cur: Any) -> None:
         """Graceful stop: give in-flight records a chance to be confirmed, then confirm."""
         deadline = time.monotonic() + self.opts.shutdown_timeout
-        while s.checkpoint.in_flight_records and time.monotonic() < deadline:
+        while (s.checkpoint.in_flight_records or s.backstop.in_flight) and (
+                time.monotonic() < deadline):
             self._publisher.flush(0.1)
             self._apply_reports(s)
         self._apply_reports(s)
+        self._finish_backstop(s, ctrl)
         while True:
             before = s.checkpoint.confirmed_lsn
             self._confirm(s, ctrl, cur)
             if s.checkpoint.confirmed_lsn == before:
                 break
-        log.info("event=relay.stopped confirmed_lsn=%s in_flight=%d",
-                 _fmt_lsn(s.checkpoint.confirmed_lsn), s.checkpoint.in_flight_records)
+        log.info("event=relay.stopped confirmed_lsn=%s in_flight=%d backstop_passes=%d",
+                 _fmt_lsn(s.checkpoint.confirmed_lsn), s.checkpoint.in_flight_records,
+                 s.backstop.passes)
 
 
 def _fmt_lsn(lsn: int) -> str:
