@@ -185,9 +185,25 @@ async def test_connection_refused_requeues_without_an_effect(world: World, crm: 
             await c.aclose()
     async with world.owner.acquire() as conn:
         outbox = await conn.fetch("SELECT type FROM command_outbox WHERE operation_id=$1", op)
-    assert [o["type"] for o in outbox] == ["command.requeued"]
+        wait = await conn.fetchval("SELECT extract(epoch FROM retry_at - updated_at) "
+                                   "FROM agent_command WHERE operation_id=$1", op)
+    # Nothing was sent: requeued, but not at once into the same outage (issue 18 §4): the
+    # first generation backs off 1-2 s (2 s, equal jitter), with no obligation until then.
+    assert outbox == [] and 1.0 <= float(wait) <= 2.0, (outbox, wait)
     assert (await world.row(t, op))["state"] == "pending"
     assert await world.effects(t) == []
+    reconciler = world.reconciler()
+    assert op not in await reconciler.sweep()  # not due yet
+    async with world.owner.acquire() as conn:  # the backoff runs out
+        await conn.execute("UPDATE agent_command SET retry_at = now() - interval '1 ms' "
+                           "WHERE operation_id = $1", op)
+    assert (await reconciler.sweep())[op] == "retried"
+    async with world.owner.acquire() as conn:
+        outbox = await conn.fetch("SELECT type FROM command_outbox WHERE operation_id=$1", op)
+        retry_at = await conn.fetchval("SELECT retry_at FROM agent_command WHERE operation_id=$1",
+                                       op)
+    assert [o["type"] for o in outbox] == ["command.requeued"] and retry_at is None
+    assert op not in await reconciler.sweep()  # published once
 
 
 async def test_operator_cli_lists_and_resolves_an_unknown_refund(world: World, database_url: str) -> None:

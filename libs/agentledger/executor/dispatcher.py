@@ -284,9 +284,13 @@ class Dispatcher:
                                      traceparent=traceparent)
                 state = "denied"
             elif isinstance(result, base.NotSent):
+                # Nothing was sent: the provider is down or unreachable. Back off (with
+                # jitter) before the next generation instead of meeting the same outage
+                # at once; the reconciler publishes it when due (issue 18 §4).
                 requeued = await dispatch.requeue(conn, held, reason=result.reason,
                                                   traceparent=traceparent,
-                                                  max_generations=self.max_generations)
+                                                  max_generations=self.max_generations,
+                                                  delay_s=dispatch.backoff(held.generation))
                 state = "pending" if requeued == "requeued" else "unknown"
                 if requeued == "capped":
                     log.warning("event=retry_capped operation_id=%s generation=%d",

@@ -44,7 +44,7 @@ tracer = trace.get_tracer("agentledger.reconciler")
 # A lookup is one read; the lease only needs to cover it and the bookkeeping.
 LEASE_S = 30.0
 
-Action = Literal["succeeded", "requeued", "unknown", "skipped", "republished"]
+Action = Literal["succeeded", "requeued", "unknown", "skipped", "republished", "retried"]
 # Far longer than relay lag plus executor backlog in normal operation: a renewal is a
 # diagnosis (a record was lost), not a retry loop.
 STRANDED_AFTER_S = 300.0
@@ -92,10 +92,17 @@ class Reconciler:
                 with spans.span(tracer, "republish", context=spans.ROOT, attributes={
                         spans.OPERATION_ID: str(item["operation_id"]),
                         spans.CONNECTOR: item["connector"]}):
+                    retry = item["retry_at"] is not None
                     renewed = await dispatch.republish(
                         conn, item["tenant_id"], item["operation_id"],
-                        older_than_s=self.stranded_after_s, traceparent=spans.traceparent_of())
-                if renewed:
+                        older_than_s=self.stranded_after_s, traceparent=spans.traceparent_of(),
+                        retry_due=retry)
+                if renewed and retry:
+                    # A requeue's backoff ran out: routine, not a lost record.
+                    done[item["operation_id"]] = "retried"
+                    log.info("event=retry_due operation_id=%s connector=%s",
+                             item["operation_id"], item["connector"])
+                elif renewed:
                     done[item["operation_id"]] = "republished"
                     telemetry_metrics.reconciliations.add(
                         1, connector=telemetry_metrics.bounded(item["connector"]),

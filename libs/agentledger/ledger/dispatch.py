@@ -5,6 +5,7 @@ Every function is one short transaction; none holds a lock across a network call
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +31,12 @@ MAX_GENERATIONS = 10
 # their timeouts under it (the CRM's: 2 s connect + 5 s write + 5 s read). Nobody declares an
 # outcome while an attempt younger than this may still act.
 MAX_CALL_S = 30.0
+# A requeue after nothing was sent (the provider unreachable) waits before the next dispatch:
+# 2 s after the first generation, doubling, at most a minute (see ``backoff``). Over the ten
+# generations that is about four minutes of outage before the command goes to an operator.
+RETRY_BASE_S = 2.0
+RETRY_CAP_S = 60.0
+_JITTER = random.Random()  # noqa: S311 - spreads retries; not a secret
 
 AttemptKind = Literal["dispatch", "lookup", "resend"]
 Requeued = Literal["requeued", "capped"]
@@ -224,14 +231,15 @@ async def attempts(conn: Conn, tenant_id: UUID, operation_id: UUID) -> list[dict
 
 async def requeue(
     conn: Conn, held: Claim, *, reason: str, traceparent: str | None = None,
-    max_generations: int = MAX_GENERATIONS,
+    max_generations: int = MAX_GENERATIONS, delay_s: float | None = None,
 ) -> Requeued:
     """Release the claim to ``pending`` and renew the dispatch obligation, in one transaction.
 
     Only for a command proven safe to send again: nothing reached the provider, or the
     connector dedupes by key and a lookup found no effect. At ``max_generations`` it is not
     requeued but finalized ``unknown`` for an operator, the reason naming the cap: no retry
-    path is unbounded.
+    path is unbounded. With ``delay_s`` (see ``backoff``) the obligation is not renewed now:
+    ``retry_at`` records when, and the reconciler publishes it once due (0019).
 
     Returns:
         ``requeued``, or ``capped`` when the command was held as ``unknown`` instead.
@@ -246,7 +254,7 @@ async def requeue(
         return "capped"
     async with repository.transaction(conn, held.tenant_id) as tx:
         connector = await tx.fetchval(
-            Q["release"], held.tenant_id, held.operation_id, held.token, reason[:500]
+            Q["release"], held.tenant_id, held.operation_id, held.token, reason[:500], delay_s
         )
         if connector is None:
             raise errors.StaleClaim("the lease was taken over; not requeued",
@@ -254,15 +262,17 @@ async def requeue(
         await tx.execute(Q["finish_attempt"], held.tenant_id, held.attempt_id, "error",
                          reason[:500])
         await tx.execute(Q["drop_obligation"], held.tenant_id, held.operation_id)
-        await tx.execute(Q["renew_obligation"], held.tenant_id, held.operation_id, connector,
-                         traceparent, "command.requeued")
+        if delay_s is None:
+            await tx.execute(Q["renew_obligation"], held.tenant_id, held.operation_id,
+                             connector, traceparent, "command.requeued")
+        payload: dict[str, Any] = {
+            "operation_id": str(held.operation_id), "reason": reason[:500],
+            "worker_id": held.worker_id, "fencing_generation": held.generation}
+        if delay_s is not None:
+            payload["retry_in_s"] = round(delay_s, 3)
         await repository.append_event(
             tx, tenant_id=held.tenant_id, operation_id=held.operation_id, family="audit",
-            type="command.requeued",
-            payload={"operation_id": str(held.operation_id), "reason": reason[:500],
-                     "worker_id": held.worker_id, "fencing_generation": held.generation},
-            traceparent=traceparent,
-        )
+            type="command.requeued", payload=payload, traceparent=traceparent)
     return "requeued"
 
 
@@ -279,11 +289,23 @@ async def needs_reconciliation(
     return [dict(r) for r in rows]
 
 
+def backoff(generation: int, *, base_s: float = RETRY_BASE_S, cap_s: float = RETRY_CAP_S,
+            rng: random.Random | None = None) -> float:
+    """Seconds before generation ``generation + 1`` may be sent after nothing was sent.
+
+    Exponential (base·2^(g-1), at most ``cap_s``) with "equal jitter": between half and all
+    of it, so commands refused by one outage do not all come back at the same instant.
+    """
+    ceiling = min(cap_s, base_s * 2.0 ** max(generation - 1, 0))
+    return ceiling / 2 + (rng or _JITTER).uniform(0, ceiling / 2)
+
+
 async def stranded_pending(
     conn: Conn, *, older_than_s: float, limit: int = 100
 ) -> list[dict[str, Any]]:
-    """Commands pending for longer than ``older_than_s`` whose obligation is gone from the
-    outbox: published (the relay swept it) yet never claimed. Keys only, across tenants."""
+    """Commands to publish again: pending for longer than ``older_than_s`` with their
+    obligation gone from the outbox (published, the relay swept it, yet never claimed), or
+    whose requeue backoff ran out (``retry_at`` set). Keys only, across tenants."""
     async with repository.transaction(conn, None) as tx:
         rows = await tx.fetch(Q["stranded_pending"], limit, float(older_than_s))
     return [dict(r) for r in rows]
@@ -291,9 +313,11 @@ async def stranded_pending(
 
 async def republish(
     conn: Conn, tenant_id: UUID, operation_id: UUID, *, older_than_s: float,
-    traceparent: str | None = None,
+    traceparent: str | None = None, retry_due: bool = False,
 ) -> bool:
-    """Renew the dispatch obligation of a stranded command; ``False`` if it no longer is.
+    """Renew the dispatch obligation of a stranded command, or of a requeued one whose backoff
+    ran out (``retry_due``: its ``command.requeued`` audit event was written at the requeue);
+    ``False`` if it no longer qualifies.
 
     Only ``pending`` commands qualify: nothing was ever sent for them, so publishing the
     obligation again can at most wake an executor that claims the command once.
@@ -303,6 +327,11 @@ async def republish(
                                       float(older_than_s))
         if connector is None:
             return False
+        if retry_due:
+            # The backoff of a requeue ran out: its obligation, deferred by ``requeue``.
+            await tx.execute(Q["renew_obligation"], tenant_id, operation_id, connector,
+                             traceparent, "command.requeued")
+            return True
         await tx.execute(Q["renew_obligation"], tenant_id, operation_id, connector,
                          traceparent, "command.republished")
         await repository.append_event(

@@ -82,10 +82,11 @@ FROM command_attempt WHERE tenant_id = $1 AND operation_id = $2 ORDER BY started
 
 -- name: release --
 -- Give a claimed command back to `pending`, conditional on the claim: only when it is proven
--- that nothing reached the provider, or that resending the same key is safe (R5.5).
+-- that nothing reached the provider, or that resending the same key is safe (R5.5). $5: seconds
+-- to wait before the next dispatch (NULL: at once); the reconciler publishes it when due (0019).
 UPDATE agent_command
 SET state = 'pending', claim_token = NULL, lease_until = NULL, outcome_reason = $4,
-    updated_at = now()
+    updated_at = now(), retry_at = now() + make_interval(secs => $5)
 WHERE tenant_id = $1 AND operation_id = $2 AND claim_token = $3 AND state = 'dispatching'
 RETURNING connector;
 
@@ -103,16 +104,18 @@ VALUES ($1, $2, $3, $1::uuid::text || ':' || $2::uuid::text, $5,
         $4);
 
 -- name: stranded_pending --
--- Keys of commands pending longer than $2 seconds with no obligation left in the outbox.
-SELECT tenant_id, operation_id, connector
+-- Keys of commands pending longer than $2 seconds with no obligation left in the outbox, or
+-- whose requeue backoff ran out (`retry_at` set: 0019).
+SELECT tenant_id, operation_id, connector, retry_at
 FROM agentledger_stranded_pending($1, make_interval(secs => $2));
 
 -- name: touch_stranded --
 -- Claims the renewal, conditional on the command still being stranded: of two reconcilers,
 -- the second finds `updated_at` fresh (the row lock makes it re-read) and renews nothing.
-UPDATE agent_command SET updated_at = now()
+UPDATE agent_command SET updated_at = now(), retry_at = NULL
 WHERE tenant_id = $1 AND operation_id = $2 AND state = 'pending'
-  AND updated_at < now() - make_interval(secs => $3)
+  AND CASE WHEN retry_at IS NOT NULL THEN retry_at <= now()
+           ELSE updated_at < now() - make_interval(secs => $3) END
   AND NOT EXISTS (SELECT 1 FROM command_outbox o
                   WHERE o.tenant_id = $1 AND o.operation_id = $2)
 RETURNING connector;

@@ -47,6 +47,7 @@ agent_command = Table(
     Column("state", Text, nullable=False),
     Column("provider_receipt", Text),
     _ts("lease_until"),
+    _ts("retry_at"),  # a requeue's backoff: when it may be dispatched again (0019)
     _ts("created_at", nullable=False, default_now=True),
     Column("principal_id", Text, nullable=False),
     Column("action", Text, nullable=False),
