@@ -131,15 +131,23 @@ async def test_stale_worker_past_its_lease_cannot_finalize_and_one_effect(world:
 
 async def test_expired_approval_stops_the_command_with_no_call(world: World) -> None:
     t = await world.tenant()
-    op = await world.admit(t, NOTE, {"body": "too late"})
+    note = await world.admit(t, NOTE, {"body": "too late"})  # allowed by policy alone
+    refund = await world.admit(t, REFUND, {"invoice_id": "inv-late", "amount_minor": 100,
+                                           "currency": "EUR", "reason": "late"})  # approved
     async with world.owner.acquire() as conn:  # the clock moving on, in one statement
         await conn.execute("UPDATE agent_command SET expires_at = now() - interval '1 second' "
-                           "WHERE operation_id = $1", op)
+                           "WHERE operation_id = ANY($1::uuid[])", [note, refund])
     worker = world.dispatcher()
-    begun = await worker.begin(t.tenant_id, op)
-    assert await worker.complete(begun.claim) == "expired"  # type: ignore[arg-type]
+    for op in (note, refund):
+        begun = await worker.begin(t.tenant_id, op)
+        assert await worker.complete(begun.claim) == "expired"  # type: ignore[arg-type]
     assert await world.effects(t) == []
-    assert (await world.row(t, op))["outcome_reason"].startswith("the approval expired")
+    # Each reason says who had authorized it: nobody approved the note (issue 18 §2).
+    assert (await world.row(t, note))["outcome_reason"].startswith(
+        "the authorization expired before dispatch: the policy allowed it without a human "
+        "approval")
+    assert (await world.row(t, refund))["outcome_reason"].startswith(
+        "the approval (by user:fiona) expired before dispatch")
 
 
 async def test_changed_revision_sends_the_command_to_review_with_no_effect(world: World) -> None:

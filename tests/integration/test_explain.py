@@ -115,7 +115,7 @@ async def test_expired(world: World, database_url: str) -> None:
         await conn.execute("UPDATE agent_command SET expires_at = now() - interval '1 second' WHERE operation_id=$1", op)
     assert await run(world, t, op) == "expired"
     e = await explain(database_url, t.tenant_id, op)
-    assert e.known["state"] == "expired" and e.known["reason"].startswith("the approval expired")
+    assert e.known["state"] == "expired" and e.known["reason"].startswith("the authorization expired")
 
 
 async def test_precondition_failed(world: World, database_url: str) -> None:

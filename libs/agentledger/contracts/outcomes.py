@@ -31,7 +31,8 @@ class Denied(common.Contract):
 
 
 class Expired(common.Contract):
-    """The approval expired before dispatch; nothing happened."""
+    """The authorization (a person's approval, or the policy's own allow) expired before
+    dispatch; nothing happened."""
 
     state: Literal["expired"] = "expired"
     reason: common.Reason

@@ -189,7 +189,8 @@ class Dispatcher:
         if await shadow_marker.is_shadow(conn, row["tenant_id"], row["operation_id"]):
             return "denied", "shadow command: shadow runs are recorded, never dispatched"
         if row["expires_at"] <= datetime.now(UTC):
-            return "expired", "the approval expired before dispatch"
+            return "expired", await dispatch.expiry_reason(conn, row["tenant_id"],
+                                                           row["decision_id"])
         if row["payload_ciphertext"] is None:
             return "expired", "the payload was purged before dispatch"
         try:

@@ -289,6 +289,21 @@ async def needs_reconciliation(
     return [dict(r) for r in rows]
 
 
+async def expiry_reason(conn: Conn, tenant_id: UUID, decision_id: UUID) -> str:
+    """Why a command past its ``expires_at`` is not dispatched, saying who had authorized it.
+
+    An approved command's validity is its approval's; a command the policy allowed on its own
+    (no approval required) was never approved by anyone, and its reason must not say so.
+    """
+    async with repository.transaction(conn, tenant_id) as tx:
+        row = await tx.fetchrow(Q["authorized_by"], tenant_id, decision_id)
+    if row is not None and row["stage"] == "approval":
+        return (f"the approval (by {row['principal_id']}) expired before dispatch; "
+                "nothing was sent")
+    return ("the authorization expired before dispatch: the policy allowed it without a "
+            "human approval, and it was not dispatched within its validity; nothing was sent")
+
+
 def backoff(generation: int, *, base_s: float = RETRY_BASE_S, cap_s: float = RETRY_CAP_S,
             rng: random.Random | None = None) -> float:
     """Seconds before generation ``generation + 1`` may be sent after nothing was sent.

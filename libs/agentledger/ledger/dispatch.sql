@@ -158,3 +158,9 @@ RETURNING resolution_id, resolved_at;
 -- A tenant's commands awaiting an operator.
 SELECT operation_id, action, connector, resource_id, principal_id, outcome_reason, updated_at
 FROM agent_command WHERE tenant_id = $1 AND state = 'unknown' ORDER BY updated_at;
+
+-- name: authorized_by --
+-- How a command was authorized, for an honest expiry reason: its decision of stage
+-- `approval` is a person's approval (principal_id: the approver); `admission` is the policy's
+-- own allow, with no person involved.
+SELECT stage, principal_id FROM policy_decision WHERE tenant_id = $1 AND decision_id = $2;
