@@ -34,6 +34,11 @@ class PrivateStack:
     database_url: str
     bootstrap: str
 
+    @property
+    def kafka_logs(self) -> Path:
+        """The private broker's log directory (kept as evidence when a test finds a loss)."""
+        return Path(self.env["AGENTLEDGER_LOCAL_DIR"]) / "kafka" / "logs"
+
     def run(self, service: str, verb: str) -> None:
         subprocess.run(
             ["bash", str(SCRIPTS / f"{service}.sh"), verb],

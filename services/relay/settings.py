@@ -73,6 +73,9 @@ class Settings(BaseSettings):
     # stream has caught up, at most every `backstop_interval` seconds.
     backstop_age: float = Field(default=10.0, gt=0)
     backstop_interval: float = Field(default=5.0, gt=0)
+    # Tests: one log line per acknowledged record (event id, topic, partition, offset), so a
+    # record missing from its topic later can be looked up where Kafka said it was.
+    trace_acks: bool = False
 
     def relay_options(self, common: shared.Settings) -> options.RelayOptions:
         """The library's options from these settings and the shared connections."""
@@ -105,6 +108,7 @@ class Settings(BaseSettings):
             backoff_max=self.backoff_max,
             backstop_age=self.backstop_age,
             backstop_interval=self.backstop_interval,
+            trace_acks=self.trace_acks,
         )
 
 

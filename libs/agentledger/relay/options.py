@@ -41,6 +41,8 @@ class RelayOptions:
             is published by the backstop scan (see ``backstop``): a few times the normal
             relay latency, so a healthy stream never meets it.
         backstop_interval: pause between two passes of the backstop scan.
+        trace_acks: log every acknowledged record's event id, topic, partition and offset
+            (tests: a record missing later explains itself).
         visibility_timeout: longest wait for a streamed transaction to become visible to
             other sessions (a commit waiting for a synchronous standby) before the session
             fails closed and restarts from the slot.
@@ -70,3 +72,4 @@ class RelayOptions:
     visibility_timeout: float = 30.0
     backstop_age: float = 10.0
     backstop_interval: float = 5.0
+    trace_acks: bool = False

@@ -54,6 +54,10 @@ class Publisher:
         linger_ms: producer batching delay.
         delivery_timeout_ms: retry window per record before it is failed.
         relay_metrics: where acknowledgements are measured.
+        trace_acks: log every success report with its event id, key, topic, partition and
+            offset (``event=relay.acked``), so that a record later missing from its topic
+            can be looked up at the exact offset Kafka acknowledged (a test setting: one
+            line per record).
     """
 
     def __init__(
@@ -63,7 +67,9 @@ class Publisher:
         linger_ms: int,
         delivery_timeout_ms: int,
         relay_metrics: metrics.RelayMetrics,
+        trace_acks: bool = False,
     ) -> None:
+        self._trace_acks = trace_acks
         self._config: dict[str, Any] = {
             "bootstrap.servers": bootstrap,
             "client.id": "agentledger-relay",
@@ -143,7 +149,7 @@ class Publisher:
             DeliveryFailed: the producer refused the record outright.
         """
         span = _publish_span(record)
-        on_delivery = self._callback(record.family, commit_time_us, token, span)
+        on_delivery = self._callback(record, commit_time_us, token, span)
         while True:
             try:
                 self._producer.produce(
@@ -177,14 +183,19 @@ class Publisher:
         os.close(self._wake_w)
 
     def _callback(
-        self, family: str, commit_time_us: int | None, token: object, span: Span
+        self, record: routing.Record, commit_time_us: int | None, token: object, span: Span
     ) -> Callable[[KafkaError | None, Message], None]:
+        family = record.family
         commit_unix = None if commit_time_us is None else pgoutput.unix_seconds(commit_time_us)
         acked = self._acked  # this producer's offsets, even if the report is served later
 
         def report(err: KafkaError | None, msg: Message) -> None:
             reason = err.str() if err is not None else self._phantom(acked, msg)
             ok = reason is None
+            if ok and self._trace_acks:
+                log.info("event=relay.acked id=%s key=%s topic=%s partition=%s offset=%s",
+                         record.event_id, record.key.decode(errors="replace"), msg.topic(),
+                         msg.partition(), msg.offset())
             if ok and commit_unix is not None:
                 self._metrics.acknowledged(family, (time.time() - commit_unix) * 1000.0)
             if not ok:

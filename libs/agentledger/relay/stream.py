@@ -69,6 +69,7 @@ class Relay:
             linger_ms=opts.linger_ms,
             delivery_timeout_ms=opts.delivery_timeout_ms,
             relay_metrics=self.metrics,
+            trace_acks=opts.trace_acks,
         )
         self._topics = topics.Topics(
             AdminClient({"bootstrap.servers": opts.kafka_bootstrap}),

@@ -233,8 +233,8 @@ def read_topics(
         deadline = time.monotonic() + timeout
         while not done(records) and time.monotonic() < deadline:
             for msg in consumer.consume(num_messages=1000, timeout=0.5):
-                if msg.error():
-                    continue
+                if msg.error():  # never skipped: a reader that drops errors hides losses
+                    raise AssertionError(f"consumer error: {msg.error()}")
                 records.append(Received(
                     msg.topic(), msg.partition(), msg.offset(),
                     (msg.key() or b"").decode(), msg.value() or b"",
@@ -250,3 +250,56 @@ def delete_namespace_topics(admin: AdminClient, namespace: str) -> None:
     if names:
         for future in admin.delete_topics(names, operation_timeout=30).values():
             future.result(timeout=30)
+
+
+def acknowledged_at(log_text: str) -> dict[str, list[tuple[str, int, int]]]:
+    """Where Kafka said each record went, by key, from ``event=relay.acked`` lines (the relay
+    logs them with ``AGENTLEDGER_RELAY_TRACE_ACKS=true``)."""
+    places: dict[str, list[tuple[str, int, int]]] = {}
+    for line in log_text.splitlines():
+        if "event=relay.acked " not in line:
+            continue
+        fields = dict(w.split("=", 1) for w in line.split() if "=" in w)
+        places.setdefault(fields["key"], []).append(
+            (fields["topic"], int(fields["partition"]), int(fields["offset"])))
+    return places
+
+
+def explain_misses(bootstrap: str, log_text: str, missing: Iterable[str]) -> dict[str, str]:
+    """For each key missing from its topic, what is at the offset Kafka acknowledged for it:
+    another record (a false acknowledgement), nothing (truncation), or the record itself (the
+    reader missed it) — so a loss that never reproduces still explains itself (issue 18)."""
+    acked = acknowledged_at(log_text)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"miss-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False})
+    verdicts: dict[str, str] = {}
+    try:
+        for key in sorted(missing):
+            places = acked.get(key)
+            if not places:
+                verdicts[key] = "never acknowledged to the relay (yet swept from the outbox?)"
+                continue
+            found = []
+            for topic, partition, offset in places:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                           timeout=10)
+                where = f"{topic}[{partition}]@{offset}"
+                if offset >= high:
+                    found.append(f"{where}: past the end ({high}): the log was truncated")
+                    continue
+                if offset < low:
+                    found.append(f"{where}: before the start ({low}): deleted")
+                    continue
+                consumer.assign([TopicPartition(topic, partition, offset)])
+                got = consumer.consume(1, timeout=10)
+                if not got or got[0].error() is not None or got[0].offset() != offset:
+                    found.append(f"{where}: unreadable ({got[0].error() if got else 'nothing'})")
+                elif (got[0].key() or b"").decode() == key:
+                    found.append(f"{where}: there: the reader missed it")
+                else:
+                    found.append(f"{where}: holds {(got[0].key() or b'').decode()!r}: "
+                                 "a false acknowledgement")
+            verdicts[key] = "; ".join(found)
+    finally:
+        consumer.close()
+    return verdicts
