@@ -8,6 +8,10 @@ A connector declares its idempotency contract (R6.7), which decides recovery (R5
 - ``replay_safe``: repeating exactly the same request is harmless (a PUT of a full state).
 - ``none``: nothing dedupes. A lost answer leaves the outcome ``unknown`` until an operator
   reconciles it; the request is never repeated.
+
+It also declares the longest one call may take (``call_timeout_s``: the executor enforces it
+and keeps the claim's lease covering it, so a worker that is not stalled never acts on an
+expired claim).
 """
 
 from __future__ import annotations
@@ -24,11 +28,20 @@ Scope = Literal["read", "write", "lookup"]
 
 @dataclass(frozen=True)
 class Contract:
-    """A connector's declared idempotency contract."""
+    """A connector's declared contract: idempotency, lookup, retention, call bound.
+
+    ``call_timeout_s`` has no default: a connector that cannot say how long one call may
+    take cannot have it covered by a lease.
+    """
 
     idempotency: Idempotency
     lookup: bool = False
     retention: timedelta | None = None
+    call_timeout_s: float = field(kw_only=True)
+
+    def __post_init__(self) -> None:
+        if not self.call_timeout_s > 0:
+            raise ValueError("call_timeout_s must be positive")
 
     @property
     def may_resend(self) -> bool:

@@ -15,8 +15,13 @@ import httpx
 from agentledger.connectors import base
 
 # Connect fast-fail: a refused connection proves nothing was sent, so it is retried cheaply.
-# The read timeout bounds how long a claim waits; it must stay well under the lease.
+# The read timeout bounds a silent provider; the whole call is bounded by CALL_TIMEOUT_S.
 TIMEOUT = httpx.Timeout(connect=2.0, read=5.0, write=5.0, pool=2.0)
+# The longest one call may take: each phase at most once (a JSON request and answer of a few
+# hundred bytes are one write and one read). httpx's read timeout bounds inactivity, not the
+# whole answer, so the executor enforces this total itself; it is under ledger MAX_CALL_S.
+CALL_TIMEOUT_S = sum(t or 0.0 for t in (TIMEOUT.pool, TIMEOUT.connect, TIMEOUT.write,
+                                        TIMEOUT.read))
 # The provider documents a 24 h key retention; recovery by resend must happen inside it.
 KEY_RETENTION = timedelta(hours=24)
 
@@ -67,7 +72,8 @@ class CrmConnector:
 
     name = "crm"
     actions = frozenset({"crm.note.create", "crm.contact.update"})
-    contract = base.Contract("keyed", lookup=True, retention=KEY_RETENTION)
+    contract = base.Contract("keyed", lookup=True, retention=KEY_RETENTION,
+                             call_timeout_s=CALL_TIMEOUT_S)
     scopes: frozenset[base.Scope] = frozenset({"write", "lookup"})
 
     def __init__(self, base_url: str, *, client: httpx.AsyncClient | None = None) -> None:
@@ -117,7 +123,7 @@ class BillingConnector:
 
     name = "billing"
     actions = frozenset({"billing.refund.create"})
-    contract = base.Contract("none")
+    contract = base.Contract("none", call_timeout_s=CALL_TIMEOUT_S)
     scopes: frozenset[base.Scope] = frozenset({"write"})
 
     def __init__(self, base_url: str, *, client: httpx.AsyncClient | None = None) -> None:

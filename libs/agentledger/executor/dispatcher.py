@@ -36,9 +36,9 @@ from agentledger.telemetry import spans
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("agentledger.executor")
 
-# The lease must outlast one call with its resends (connector read timeout 5 s, up to three
-# sends, backoff); 60 s leaves room for a slow database on top without letting a dead
-# worker's command wait long for the reconciler.
+# The lease covers the checks before the first call; each call then renews it to cover that
+# call (``dispatch.mark_sending``). 60 s leaves room for a slow database and policy check
+# without letting a dead worker's command wait long for the reconciler.
 LEASE_S = 60.0
 # Identical resends with the same key after an answer was lost (keyed / replay-safe only).
 RESENDS = 2
@@ -75,8 +75,22 @@ class Dispatcher:
     worker_id: str
     lease_s: float = LEASE_S
     max_generations: int = dispatch.MAX_GENERATIONS
+    # Overrides every connector's declared call bound (``Contract.call_timeout_s``), e.g. a
+    # short one under the chaos tier's short leases.
+    call_timeout_s: float | None = None
     # The dispatch span opened by ``begin`` for a claim (by attempt id), closed by ``complete``.
     _spans: dict[UUID, Span] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for connector in self.connectors.values():
+            if not 0 < self.call_bound(connector) <= dispatch.MAX_CALL_S:
+                # Past it, an operator's resolution could land while the call still runs.
+                raise ValueError(f"the call bound of {connector.name} must be in "
+                                 f"(0, {dispatch.MAX_CALL_S:g}] s (ledger.dispatch.MAX_CALL_S)")
+
+    def call_bound(self, connector: base.Connector) -> float:
+        """The longest one call to ``connector`` may take before it counts as in doubt."""
+        return self.call_timeout_s or connector.contract.call_timeout_s
 
     async def begin(
         self, tenant_id: UUID, operation_id: UUID, *, traceparent: str | None = None
@@ -243,20 +257,30 @@ class Dispatcher:
         """One connector call in its own ``attempt`` span; a reconnect or a resend links to
         the first attempt. Returns the result and the link to the first attempt.
 
+        The call is bounded (``call_bound``): past it the answer is ``InDoubt`` — the request
+        may have reached the provider — never a success. The pre-call check renewed the
+        lease to cover that bound, so a worker that is not stalled never calls on a claim the
+        reconciler could take over mid-call.
+
         Raises:
             StaleClaim: The claim is no longer current: the call is not made.
         """
+        bound = self.call_bound(connector)
         async with self.pool.acquire() as conn:
             # Immediately before the call, on the ledger and not from memory: a worker that
             # stalled past its lease (a GC pause, a frozen VM) must not act on a claim that was
             # taken from it; and an unmarked claim is known never to have sent (issue 17).
-            await dispatch.mark_sending(conn, held)
+            await dispatch.mark_sending(conn, held, call_s=bound)
         with spans.span(tracer, "attempt", kind=SpanKind.CLIENT, links=[first], attributes={
                 spans.OPERATION_ID: str(call.operation_id), spans.ACTION: call.action,
                 spans.CONNECTOR: connector.name, spans.GENERATION: held.generation,
                 spans.ATTEMPT_KIND: kind, spans.ATTEMPT_ID: str(held.attempt_id)}) as span:
             started = time.perf_counter()
-            result = await connector.execute(call, token)
+            try:
+                async with asyncio.timeout(bound):
+                    result = await connector.execute(call, token)
+            except TimeoutError:
+                result = base.InDoubt(f"no answer within the call bound ({bound:g} s)")
             outcome = _RESULTS.get(type(result), "other")
             span.set_attribute(spans.OUTCOME, outcome)
         telemetry_metrics.attempt_duration.record(
