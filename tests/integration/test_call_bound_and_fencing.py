@@ -1,7 +1,9 @@
-"""A call the lease provably covers (issue 18 §1), on the real ledger and the real CRM."""
+"""A call the lease provably covers, and a fencing generation the provider enforces (issue 18
+§1), on the real ledger and the real CRM."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import timedelta
@@ -9,18 +11,24 @@ from typing import Any
 
 import pytest
 
-from agentledger import errors
+from agentledger import errors, faults
 from agentledger.ledger import dispatch
+from tests.helpers import assert_eventually
 from tests.integration.crm.conftest import Crm, run_crm
 from tests.integration.executor_world import Tenant, World, close_world, open_world
 
+NOTE = "crm.note.create"
 REFUND = "billing.refund.create"
+# The CRM forgets an idempotency key after this: a stale writer waking up later would make a
+# second note were it not fenced.
+RETENTION_S = 3.0
 
 
 @pytest.fixture(scope="module")
 def crm(make_database: Callable[[], str], tmp_path_factory: pytest.TempPathFactory
         ) -> Iterator[Crm]:
-    with run_crm(make_database(), tmp_path_factory.mktemp("crm"), faults_enabled="true") as c:
+    with run_crm(make_database(), tmp_path_factory.mktemp("crm"), faults_enabled="true",
+                 idempotency_retention_seconds=str(RETENTION_S)) as c:
         yield c
 
 
@@ -123,3 +131,70 @@ async def test_a_provider_that_hangs_past_the_call_bound_is_unknown_never_succes
     assert "call bound (1 s)" in row["outcome_reason"], row["outcome_reason"]
     # The doubt was right: the refund exists; only an operator may now say so.
     assert len(await world.effects(t, "refund.created")) == 1
+
+
+class StallOnce:
+    """Stands in for ``faults.point``: the first worker to pass ``executor.before_call`` (after
+    its pre-call check, before the call's timer and request) stalls there until released —
+    a GC pause, a frozen VM. Every other point and pass goes through."""
+
+    def __init__(self) -> None:
+        self.reached, self.release = asyncio.Event(), asyncio.Event()
+
+    async def __call__(self, name: str) -> None:
+        if name == "executor.before_call" and not self.reached.is_set():
+            self.reached.set()
+            await self.release.wait()
+
+
+async def test_a_stalled_worker_is_refused_by_the_crm_after_a_newer_claim_wrote(
+    world: World, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    t = await world.tenant()
+    op = await world.admit(t, NOTE, {"body": "said once"})
+    gate = StallOnce()
+    monkeypatch.setattr(faults, "point", gate)
+    stalled = world.dispatcher("stalled")
+    held = (await stalled.begin(t.tenant_id, op)).claim
+    assert held is not None
+    stale = asyncio.create_task(stalled.complete(held))
+    try:
+        await asyncio.wait_for(gate.reached.wait(), timeout=30)  # passed the pre-call check
+        async with world.owner.acquire() as conn:  # then its lease runs out while it stalls
+            await conn.execute("UPDATE agent_command SET lease_until = now() - interval '1 second'"
+                               " WHERE operation_id = $1", op)
+        assert (await world.reconciler().sweep())[op] == "requeued"  # the lookup finds nothing
+        newer = await world.dispatcher("fresh").begin(t.tenant_id, op)
+        assert newer.claim is not None and newer.claim.generation == held.generation + 2
+        assert await world.dispatcher("fresh").complete(newer.claim) == "succeeded"
+
+        # The CRM forgets the key: from now on only the fence stands between the stalled
+        # request and a second note.
+        async def forgotten() -> bool:
+            async with world.crm.client(t.lookup) as c:
+                return (await c.get(f"/v1/operations/{op}")).status_code == 404
+        await assert_eventually(forgotten, timeout=RETENTION_S + 15,
+                                message="the CRM never forgot the key")
+        gate.release.set()
+        with pytest.raises(errors.StaleClaim, match="fencing token"):
+            await asyncio.wait_for(stale, timeout=30)
+    finally:
+        gate.release.set()
+        if not stale.done():
+            stale.cancel()
+
+    notes = await world.effects(t, "note.created")
+    assert [n["idempotency_key"] for n in notes] == [str(op)]  # one note: the newer claim's
+    row = await world.row(t, op)
+    assert (row["state"], row["fencing_generation"]) == ("succeeded", newer.claim.generation)
+    assert row["provider_receipt"].startswith("crm:note:")
+    async with world.owner.acquire() as conn:
+        tried = await dispatch.attempts(conn, t.tenant_id, op)
+        outcomes = await conn.fetch("SELECT (payload->>'fencing_generation')::int AS generation"
+                                    " FROM audit_event WHERE operation_id = $1"
+                                    " AND type = 'command.succeeded'", op)
+    mine = next(a for a in tried if a["worker_id"] == "stalled")
+    assert mine["sent_at"] is not None and mine["result"] == "abandoned"
+    assert "stale_fencing_token" in mine["detail"], mine["detail"]
+    # One outcome, the newer claim's; nothing recorded for the stale generation.
+    assert [o["generation"] for o in outcomes] == [newer.claim.generation]

@@ -50,7 +50,8 @@ TERMINAL = frozenset({"succeeded", "denied", "expired", "review_required", "fail
 # Bounded names of what a call returned (span attribute and metric label).
 _RESULTS: dict[type, str] = {
     base.Applied: "applied", base.PreconditionFailed: "precondition_failed",
-    base.Refused: "refused", base.NotSent: "not_sent", base.InDoubt: "in_doubt"}
+    base.Refused: "refused", base.Fenced: "fenced", base.NotSent: "not_sent",
+    base.InDoubt: "in_doubt"}
 
 
 @dataclass(frozen=True)
@@ -189,8 +190,17 @@ class Dispatcher:
                                      reason="no write credential for this tenant")
                 return "denied"
         call = base.Call(held.tenant_id, held.operation_id, row["action"], row["resource_id"],
-                         arguments, row["expected_revision"])
+                         arguments, row["expected_revision"], fencing_generation=held.generation)
         result, held = await self._call(connector, call, token, held, traceparent)
+        if isinstance(result, base.Fenced):
+            # A newer claim wrote to the provider: the outcome is its to record, not ours.
+            async with self.pool.acquire() as conn:
+                await dispatch.finish_attempt(conn, held, "abandoned", result.reason)
+            log.warning("event=fenced_by_provider operation_id=%s generation=%d",
+                        held.operation_id, held.generation)
+            raise errors.StaleClaim("the provider refused this claim's fencing token; no "
+                                    "outcome is recorded", operation_id=str(held.operation_id),
+                                    generation=held.generation)
         return await self.record(held, result, traceparent=traceparent)
 
     async def _refusal(
@@ -271,6 +281,9 @@ class Dispatcher:
             # stalled past its lease (a GC pause, a frozen VM) must not act on a claim that was
             # taken from it; and an unmarked claim is known never to have sent (issue 17).
             await dispatch.mark_sending(conn, held, call_s=bound)
+        # A stall here (a GC pause, SIGSTOP) outlives the renewed lease: only the provider's
+        # fencing can refuse the call that follows.
+        await faults.point("executor.before_call")
         with spans.span(tracer, "attempt", kind=SpanKind.CLIENT, links=[first], attributes={
                 spans.OPERATION_ID: str(call.operation_id), spans.ACTION: call.action,
                 spans.CONNECTOR: connector.name, spans.GENERATION: held.generation,
