@@ -19,6 +19,7 @@ from dataclasses import dataclass
 POINTS = frozenset({
     "admission.before_commit",
     "executor.after_claim",            # after commit, before dispatch
+    "executor.before_call",            # after the pre-call check, before the request leaves
     "executor.after_remote_write",     # after the remote write, before the receipt is persisted
     "executor.after_receipt",          # after the receipt, before the queue ack
     "relay.after_produce",             # after produce, before the LSN flush

@@ -70,6 +70,15 @@ class KeyReused(CrmError):
     code = "idempotency_key_reused"
 
 
+class StaleFencingToken(CrmError):
+    """A higher fencing token was already seen for this key: this writer is stale; nothing
+    was applied."""
+
+    # A conflict with the key's state, not a malformed request: the caller's claim is over.
+    status = 409
+    code = "stale_fencing_token"
+
+
 class UnstorableInput(CrmError):
     """The request holds data the database refuses (a NUL character, a value out of range)."""
 

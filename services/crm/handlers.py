@@ -14,9 +14,18 @@ another tenant's data answers exactly like missing data (404):
 
 Under an ``Idempotency-Key`` (scoped per tenant, kept ``idempotency_retention_seconds``) the
 same request gets the original response byte for byte plus ``Idempotent-Replayed: true``;
-a different request (route, If-Match or canonical body) gets 422. Errors are
-``{"error": {"code", "message"}}``: 400 bad header, 401 no/unknown token, 403 missing scope,
-404, 412, 422 invalid body or reused key, 428, 503 storage or injected fault.
+a different request (route, If-Match or canonical body) gets 422.
+
+Fencing: a write may carry ``Fencing-Token: <n>`` (a non-negative integer) for the key named
+by ``Fencing-Key`` (on notes and contact updates, ``Idempotency-Key`` when absent). Per
+(tenant, key) the CRM keeps the highest token seen; a write carrying a lower one is refused
+with 409 ``stale_fencing_token`` in the same transaction, and nothing is applied or replayed.
+Equal or higher is accepted. Without ``Fencing-Token`` a write is not fenced. On a refund,
+``Fencing-Key`` only fences: refunds are still never deduplicated.
+
+Errors are ``{"error": {"code", "message"}}``: 400 bad header, 401 no/unknown token, 403
+missing scope, 404, 409 stale fencing token, 412, 422 invalid body or reused key, 428, 503
+storage or injected fault.
 
 No ``from __future__ import annotations``: FastAPI reads these signatures at runtime.
 """
@@ -46,6 +55,8 @@ CustomerIdPath = Annotated[str, Path(pattern=r"^[A-Za-z0-9._:-]{1,64}$")]
 TenantIdPath = Annotated[str, Path(pattern=r"^[A-Za-z0-9._:-]{1,64}$")]
 KeyHeader = Annotated[str | None, Header(pattern=KEY_PATTERN)]
 IfMatchHeader = Annotated[str | None, Header(max_length=512)]
+# Fits the bigint it is stored as.
+FencingTokenHeader = Annotated[str | None, Header(pattern=r"^[0-9]{1,18}$")]
 AuthorizationHeader = Annotated[str | None, Header(max_length=512)]
 
 
@@ -131,6 +142,15 @@ def _expected_revisions(if_match: str | None) -> frozenset[int] | None:
     return frozenset(revisions)
 
 
+def _fence(token: str | None, key: str | None) -> store.Fence | None:
+    """The write's fence, if it carries a token; a token with no key to fence is refused."""
+    if token is None:
+        return None
+    if key is None:
+        raise errors.InvalidHeader("Fencing-Token needs a key to fence: send Fencing-Key")
+    return store.Fence(key, int(token))
+
+
 def _check_revision(customer: models.Customer, expected: frozenset[int] | None) -> None:
     if expected is not None and customer.revision not in expected:
         raise errors.PreconditionFailed(f"the current revision is {customer.revision}")
@@ -170,11 +190,13 @@ async def create_note(
     customer_id: CustomerIdPath, note: models.NoteCreate, request: Request,
     principal: Writer, crm: StoreDep,
     idempotency_key: KeyHeader = None, if_match: IfMatchHeader = None,
+    fencing_token: FencingTokenHeader = None, fencing_key: KeyHeader = None,
 ) -> Response:
     expected = _expected_revisions(if_match)
     async with crm.mutation(
         tenant_id=principal.tenant_id, key=idempotency_key, method=request.method,
         path=request.url.path, request_hash=_request_hash(request, expected, note),
+        fence=_fence(fencing_token, fencing_key or idempotency_key),
     ) as tx:
         if tx.recorded is not None:
             return _replay(tx.recorded)
@@ -192,6 +214,7 @@ async def update_contact(
     customer_id: CustomerIdPath, update: models.ContactUpdate, request: Request,
     principal: Writer, crm: StoreDep,
     idempotency_key: KeyHeader = None, if_match: IfMatchHeader = None,
+    fencing_token: FencingTokenHeader = None, fencing_key: KeyHeader = None,
 ) -> Response:
     expected = _expected_revisions(if_match)
     if expected is None:
@@ -199,6 +222,7 @@ async def update_contact(
     async with crm.mutation(
         tenant_id=principal.tenant_id, key=idempotency_key, method=request.method,
         path=request.url.path, request_hash=_request_hash(request, expected, update),
+        fence=_fence(fencing_token, fencing_key or idempotency_key),
     ) as tx:
         if tx.recorded is not None:
             return _replay(tx.recorded)
@@ -219,12 +243,15 @@ async def update_contact(
 
 @api.post("/v1/refunds", status_code=201, response_model=models.Refund)
 async def create_refund(
-    refund: models.RefundCreate, request: Request, principal: Writer, crm: StoreDep
+    refund: models.RefundCreate, request: Request, principal: Writer, crm: StoreDep,
+    fencing_token: FencingTokenHeader = None, fencing_key: KeyHeader = None,
 ) -> Response:
-    # Deliberately not idempotent: an Idempotency-Key header is not even read.
+    # Deliberately not idempotent: an Idempotency-Key header is not even read, and the
+    # fencing key refuses a stale writer but never dedupes.
     async with crm.mutation(
         tenant_id=principal.tenant_id, key=None, method=request.method,
         path=request.url.path, request_hash=_request_hash(request, None, refund),
+        fence=_fence(fencing_token, fencing_key),
     ) as tx:
         await tx.lock_customer(refund.customer_id)
         reply = Reply.of(201, await tx.insert_refund(refund))

@@ -58,6 +58,16 @@ INSERT INTO crm_refund (refund_id, tenant_id, customer_id, invoice_id, amount_ce
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 RETURNING *;
 
+-- name: raise_fence --
+-- Record a write's fencing token for its key and return the highest one seen. The row lock
+-- (taken by the upsert, held to commit) orders concurrent writers of one key; a caller
+-- whose token is below the result is stale and rolls back, so the row never moved for it.
+INSERT INTO crm_fence (tenant_id, fencing_key, token)
+VALUES ($1, $2, $3)
+ON CONFLICT (tenant_id, fencing_key) DO UPDATE
+SET token = greatest(crm_fence.token, EXCLUDED.token), updated_at = now()
+RETURNING token;
+
 -- name: claim_key --
 -- Bind a key to this request. Blocks while another transaction holds the same key, then
 -- returns no row if that one committed (replay or conflict), or takes over an expired key.

@@ -79,3 +79,14 @@ CREATE TABLE IF NOT EXISTS crm_effect (
 );
 
 CREATE INDEX IF NOT EXISTS crm_effect_tenant ON crm_effect (tenant_id, effect_id);
+
+-- Fencing (Kleppmann): per (tenant, key) the highest fencing token a write carried. A write
+-- with a lower token is refused in its own transaction, before anything is applied. Never
+-- purged with the idempotency keys: a stale writer may wake up after its key expired.
+CREATE TABLE IF NOT EXISTS crm_fence (
+    tenant_id      text        NOT NULL,
+    fencing_key    text        NOT NULL,
+    token          bigint      NOT NULL CHECK (token >= 0),
+    updated_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, fencing_key)
+);

@@ -1,8 +1,9 @@
 """The CRM's repository: the only module that talks to asyncpg.
 
 Driver failures leave this module as ``errors.StorageError``. A mutation runs inside
-``Store.mutation``: one transaction that claims the idempotency key (if any), applies the
-change, appends the effect and records the response, so none exists without the others.
+``Store.mutation``: one transaction that checks the fencing token (if any), claims the
+idempotency key (if any), applies the change, appends the effect and records the response,
+so none exists without the others.
 """
 
 from __future__ import annotations
@@ -76,6 +77,14 @@ class Recorded:
     body: bytes
     created_at: datetime
     expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A write's fencing token and the key it fences (``Fencing-Token``, ``Fencing-Key``)."""
+
+    key: str
+    token: int
 
 
 def _recorded(row: asyncpg.Record) -> Recorded:
@@ -245,11 +254,15 @@ class Store:
 
     @asynccontextmanager
     async def mutation(self, *, tenant_id: str, key: str | None, request_hash: bytes,
-                       method: str, path: str) -> AsyncIterator[Mutation]:
+                       method: str, path: str, fence: Fence | None = None
+                       ) -> AsyncIterator[Mutation]:
         """A transaction for one mutating request, committed when the block exits cleanly.
 
-        Under a key, the key is claimed first: a concurrent request with the same key waits
-        on the row until this one commits or rolls back. If the key was already used, the
+        With a ``fence``, its token is checked first: below the highest seen for its key,
+        ``errors.StaleFencingToken`` is raised and nothing is applied (not even a replay: a
+        stale writer learns nothing but that it is stale). Under a key, the key is claimed
+        next: a concurrent request with the same key waits on the row until this one
+        commits or rolls back. If the key was already used, the
         yielded ``Mutation.recorded`` holds the original response (same request) or
         ``errors.KeyReused`` is raised (different request). Raising in the block rolls
         everything back, including the claim.
@@ -258,6 +271,8 @@ class Store:
             async with self._pool.acquire(timeout=ACQUIRE_TIMEOUT_SECONDS) as conn:
                 async with conn.transaction():
                     mutation = Mutation(conn, tenant_id, key, request_hash)
+                    if fence is not None:
+                        await self._check_fence(conn, tenant_id, fence)
                     if key is not None:
                         mutation.recorded = await self._claim(conn, tenant_id, key,
                                                               request_hash, method, path)
@@ -265,6 +280,14 @@ class Store:
                     if key is not None and mutation.recorded is None and not mutation.applied:
                         # A claimed key without its response would replay nothing: refuse.
                         raise RuntimeError("mutation claimed a key but recorded no response")
+
+    async def _check_fence(self, conn: _Conn, tenant_id: str, fence: Fence) -> None:
+        highest = int(await conn.fetchval(QUERIES["raise_fence"], tenant_id, fence.key,
+                                          fence.token))
+        if highest > fence.token:
+            raise errors.StaleFencingToken(
+                f"fencing token {fence.token} is below {highest}, already seen for this key; "
+                "nothing was applied")
 
     async def _claim(self, conn: _Conn, tenant_id: str, key: str,
                      request_hash: bytes, method: str, path: str) -> Recorded | None:

@@ -68,6 +68,7 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
             authorizer=policy_repo.CedarAuthorizer(), allowlist=rules,
             worker_id=worker_id,
             lease_s=cfg.lease_s, max_generations=cfg.max_generations,
+            call_timeout_s=cfg.call_timeout_s,
         ), running, topic=topic, group_id=group, group_instance_id=cfg.group_instance_id,
             session_timeout_ms=cfg.session_timeout_ms)
 

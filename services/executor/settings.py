@@ -5,6 +5,8 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agentledger.ledger import dispatch
+
 
 class ExecutorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AGENTLEDGER_EXECUTOR_", extra="ignore")
@@ -32,6 +34,13 @@ class ExecutorSettings(BaseSettings):
     # 300 commands/s at 200 ms with room, and bounds memory and CRM connections.
     max_in_flight: int = 64
     lease_s: float = 60.0
+    # The longest one connector call may take, overriding the connector's own declaration
+    # (the CRM's: the sum of its HTTP timeouts, 14 s). Each call renews the lease to cover it,
+    # so it may exceed the lease; it may not exceed the ledger's MAX_CALL_S, the window in
+    # which nobody declares an outcome for a call that may still act. Named for the
+    # connector, not the service.
+    call_timeout_s: float | None = Field(default=None, gt=0, le=dispatch.MAX_CALL_S,
+                                         validation_alias="AGENTLEDGER_CONNECTOR_CALL_TIMEOUT_S")
     # The retry cap (ledger.dispatch.MAX_GENERATIONS): one variable for executor and reconciler,
     # which must agree on it, so it has no service prefix.
     max_generations: int = Field(default=10, ge=2, validation_alias="AGENTLEDGER_MAX_GENERATIONS")

@@ -39,12 +39,17 @@ TERMINAL = {"succeeded", "denied", "expired", "review_required", "failed"}
 # operator, which is right for a command that crash-loops workers, but not what these tests
 # measure (20 deliberate kills, no loss, no duplicate): the chaos cap is far above any bounce.
 MAX_GENERATIONS = str(4 * KILLS + 10)
+# One call's bound under the 4 s lease: with the pre-call check's margin (1 s) a renewal never
+# stretches the lease, and a call the CRM leaves hanging is in doubt within the lease.
+CALL_TIMEOUT_S = "2"
 CHAOS_ENV: dict[str, dict[str, str]] = {
     "executor-crm": {"AGENTLEDGER_EXECUTOR_LEASE_S": "4", "AGENTLEDGER_MAX_GENERATIONS": MAX_GENERATIONS,
+                     "AGENTLEDGER_CONNECTOR_CALL_TIMEOUT_S": CALL_TIMEOUT_S,
                      "AGENTLEDGER_EXECUTOR_GROUP_INSTANCE_ID": "executor-crm-0",
                      "AGENTLEDGER_EXECUTOR_SESSION_TIMEOUT_MS": "6000",
                      "AGENTLEDGER_EXECUTOR_DRAIN_S": "1"},
     "executor-billing": {"AGENTLEDGER_EXECUTOR_LEASE_S": "4", "AGENTLEDGER_MAX_GENERATIONS": MAX_GENERATIONS,
+                         "AGENTLEDGER_CONNECTOR_CALL_TIMEOUT_S": CALL_TIMEOUT_S,
                          "AGENTLEDGER_EXECUTOR_GROUP_INSTANCE_ID": "executor-billing-0",
                          "AGENTLEDGER_EXECUTOR_SESSION_TIMEOUT_MS": "6000",
                          "AGENTLEDGER_EXECUTOR_DRAIN_S": "1"},

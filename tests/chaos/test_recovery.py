@@ -86,6 +86,53 @@ def test_a_paused_worker_past_its_lease_cannot_finalize(chaos: Pipeline, tmp_pat
         harness.restart(chaos, "executor-crm", None)
 
 
+def test_a_worker_paused_after_its_pre_call_check_is_refused_by_the_crm(chaos: Pipeline) -> None:
+    # Issue 18 §1: worker A passes its pre-call check, then stops (SIGSTOP at
+    # executor.before_call) before its request leaves: no check on the ledger can stop it
+    # any more. Its lease (4 s, renewed to cover the 2 s call bound) runs out; the reconciler
+    # looks the key up, finds nothing and requeues; worker B writes the note under a newer
+    # generation. When A resumes, its request reaches the CRM with the old generation and the
+    # CRM refuses it (409 stale_fencing_token): the storage rejects the stale writer.
+    started, baseline = time.monotonic(), harness.effect_baseline(chaos)
+    a = chaos.services["executor-crm"]
+    harness.restart(chaos, "executor-crm", "executor.before_call:pause:1")
+    b_env = {**a.env, "AGENTLEDGER_EXECUTOR_GROUP_INSTANCE_ID": "executor-crm-1"}
+    b_env.pop("AGENTLEDGER_FAULT", None)
+    b = processes.Service(a.module, b_env, a.log.with_name("executor-crm-b-fenced.log"))
+    assert a.proc is not None
+    pid = a.proc.pid
+    try:
+        ops: dict[uuid.UUID, str] = {}
+        op = harness.note(chaos, ops)()
+        assert wait_until(lambda: _stopped(pid), timeout=60), (
+            f"worker A never paused; {op} is {chaos.state(op)}\n--- A\n{a.tail()}")
+        b.start()
+        state = chaos.wait_state(op, "succeeded", timeout=90)
+        os.kill(pid, signal.SIGCONT)
+        assert wait_until(lambda: "event=fenced_by_provider" in a.log.read_text(errors="replace"),
+                          timeout=60), f"A was never refused by the CRM\n--- A\n{a.tail()}"
+        report = harness.check(chaos, harness.PointReport(
+            "executor.before_call (SIGSTOP, fenced by the CRM)",
+            seconds=time.monotonic() - started), ops, baseline)
+        report.kills = 1
+        harness.save(report)
+        assert (report.effects, report.duplicate_effects, report.unknowns) == (1, 0, 0), report
+        assert chaos.state(op) == state  # A's refused call changed nothing
+        with psycopg2.connect(chaos.database_url) as conn, conn.cursor() as cur:
+            cur.execute("SELECT a.result, a.detail FROM command_attempt a JOIN agent_command c "
+                        "USING (tenant_id, operation_id) WHERE a.operation_id = %s "
+                        "AND a.fencing_generation < c.fencing_generation AND a.sent_at IS NOT NULL",
+                        (str(op),))
+            stale = cur.fetchall()
+        assert [r[0] for r in stale] == ["abandoned"], stale
+        assert "stale_fencing_token" in stale[0][1], stale
+    finally:
+        if _stopped(pid):
+            os.kill(pid, signal.SIGCONT)  # a stopped process ignores SIGTERM until resumed
+        b.stop()
+        harness.restart(chaos, "executor-crm", None)
+
+
 def test_a_restarted_worker_recovers_its_predecessors_claims_without_waiting_the_lease(
         chaos: Pipeline) -> None:
     # Issue 18 §4: a killed executor restarting under the same identity (static membership)

@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from agentledger import errors
-from agentledger.connectors import base
+from agentledger.connectors import crm as crm_connectors
 from agentledger.ledger import dispatch
 from tests.helpers import assert_eventually
 from tests.integration.crm.conftest import Crm, run_crm
@@ -22,6 +22,8 @@ from tests.integration.executor_world import World, close_world, open_world
 NOTE = "crm.note.create"
 REFUND = "billing.refund.create"
 CONTACT = "crm.contact.update"
+# The billing connector's declared call bound: what the pre-call check covers for a refund.
+REFUND_CALL_S = crm_connectors.BillingConnector.contract.call_timeout_s
 
 
 @pytest.fixture(scope="module")
@@ -440,7 +442,7 @@ async def test_a_refund_whose_call_may_have_been_sent_stays_unknown(world: World
     t = await world.tenant()
     op, claim = await _claimed_refund(world, t, "inv-u", 901, "sent then silent")
     async with world.pool.acquire() as conn:
-        await dispatch.mark_sending(conn, claim)  # the check a call passes, then a crash
+        await dispatch.mark_sending(conn, claim, call_s=REFUND_CALL_S)  # the check a call passes, then a crash
     await _expire(world, op)
     assert (await world.reconciler().sweep())[op] == "unknown"
     assert (await world.row(t, op))["state"] == "unknown"
@@ -475,8 +477,8 @@ async def test_a_lookup_after_the_provider_forgot_the_key_never_resends(
     # comes after the provider purged the key finds nothing, and the reconciler requeued and
     # resent — a second effect (the CRM lets an expired key be used again).
     w = await open_world(short_crm, database_url)
-    w.connectors["crm"].contract = base.Contract(  # type: ignore[misc]
-        "keyed", lookup=True, retention=timedelta(seconds=RETENTION_S))
+    w.connectors["crm"].contract = dataclasses.replace(  # type: ignore[misc]
+        w.connectors["crm"].contract, retention=timedelta(seconds=RETENTION_S))
     try:
         t = await w.tenant()
         op = await w.admit(t, NOTE, {"body": "said once"})
@@ -512,7 +514,7 @@ async def test_nobody_resolves_a_command_while_an_attempt_may_still_act(world: W
     for n in range(2):
         op, claim = await _claimed_refund(world, t, f"inv-a{n}", 700 + n, "stalled mid-call", "stalled")
         async with world.pool.acquire() as conn:
-            await dispatch.mark_sending(conn, claim)  # passed the check; then it stalls
+            await dispatch.mark_sending(conn, claim, call_s=REFUND_CALL_S)  # passed the check; then it stalls
         await _expire(world, op)
         assert (await world.reconciler().sweep())[op] == "unknown"
         ops.append(op)

@@ -8,6 +8,12 @@ A connector declares its idempotency contract (R6.7), which decides recovery (R5
 - ``replay_safe``: repeating exactly the same request is harmless (a PUT of a full state).
 - ``none``: nothing dedupes. A lost answer leaves the outcome ``unknown`` until an operator
   reconciles it; the request is never repeated.
+
+It also declares the longest one call may take (``call_timeout_s``: the executor enforces it
+and keeps the claim's lease covering it, so a worker that is not stalled never acts on an
+expired claim) and whether the provider enforces fencing tokens (``fencing``): every call
+carries its claim's generation, and such a provider refuses a write for a key under a
+generation lower than one it has seen — the storage, not the worker, rejects a stale writer.
 """
 
 from __future__ import annotations
@@ -24,11 +30,21 @@ Scope = Literal["read", "write", "lookup"]
 
 @dataclass(frozen=True)
 class Contract:
-    """A connector's declared idempotency contract."""
+    """A connector's declared contract: idempotency, lookup, retention, call bound, fencing.
+
+    ``call_timeout_s`` has no default: a connector that cannot say how long one call may
+    take cannot have it covered by a lease.
+    """
 
     idempotency: Idempotency
     lookup: bool = False
     retention: timedelta | None = None
+    call_timeout_s: float = field(kw_only=True)
+    fencing: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.call_timeout_s > 0:
+            raise ValueError("call_timeout_s must be positive")
 
     @property
     def may_resend(self) -> bool:
@@ -46,10 +62,16 @@ class Call:
     resource_id: str
     arguments: Mapping[str, Any]
     expected_revision: str | None
+    # The claim's fencing generation, sent to the provider with every write; None on a
+    # reconciler's lookup, which writes nothing.
+    fencing_generation: int | None = None
 
     @property
     def idempotency_key(self) -> str:
-        """The stable operation id is the provider's idempotency key (R6.2); never regenerated."""
+        """The stable operation id is the provider's idempotency key (R6.2); never regenerated.
+
+        It is also the key a fencing provider fences on, idempotent or not.
+        """
         return str(self.operation_id)
 
 
@@ -80,6 +102,14 @@ class Refused:
 
 
 @dataclass(frozen=True)
+class Fenced:
+    """The provider refused the call's fencing generation: a newer claim already wrote this
+    key. Nothing applied, and the outcome is the newer claim's to record, not this one's."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class NotSent:
     """The request never reached the provider (e.g. connection refused): nothing applied."""
 
@@ -100,7 +130,7 @@ class NotFound:
     reason: str = "the provider has no record of this idempotency key"
 
 
-Result = Applied | PreconditionFailed | Refused | NotSent | InDoubt
+Result = Applied | PreconditionFailed | Refused | Fenced | NotSent | InDoubt
 Lookup = Applied | NotFound | InDoubt
 
 
@@ -113,7 +143,8 @@ class Connector(Protocol):
     scopes: frozenset[Scope]
 
     async def execute(self, call: Call, token: str) -> Result:
-        """Perform the call with the write-scoped token, sending the idempotency key."""
+        """Perform the call with the write-scoped token, sending the idempotency key and the
+        fencing generation."""
         ...
 
     async def lookup(self, call: Call, token: str) -> Lookup:

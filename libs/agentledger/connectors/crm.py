@@ -2,6 +2,9 @@
 
 Notes and contact updates honour ``Idempotency-Key`` (retention: a day) and can be looked up
 by key: contract ``keyed`` with lookup. Refunds are not idempotent at all: contract ``none``.
+Every write carries ``Fencing-Token: <generation>`` and ``Fencing-Key: <operation id>``; the
+CRM refuses a lower generation than it has seen for the key (409 ``stale_fencing_token``),
+so both contracts declare ``fencing``. A refund's ``Fencing-Key`` fences it, never dedupes it.
 """
 
 from __future__ import annotations
@@ -15,8 +18,15 @@ import httpx
 from agentledger.connectors import base
 
 # Connect fast-fail: a refused connection proves nothing was sent, so it is retried cheaply.
-# The read timeout bounds how long a claim waits; it must stay well under the lease.
+# The read timeout bounds a silent provider; the whole call is bounded by CALL_TIMEOUT_S.
 TIMEOUT = httpx.Timeout(connect=2.0, read=5.0, write=5.0, pool=2.0)
+# The longest one call may take: each phase at most once (a JSON request and answer of a few
+# hundred bytes are one write and one read). httpx's read timeout bounds inactivity, not the
+# whole answer, so the executor enforces this total itself; it is under ledger MAX_CALL_S.
+CALL_TIMEOUT_S = sum(t or 0.0 for t in (TIMEOUT.pool, TIMEOUT.connect, TIMEOUT.write,
+                                        TIMEOUT.read))
+# What the CRM answers, with 409, to a generation lower than one it has seen for the key.
+STALE_FENCING_TOKEN = "stale_fencing_token"  # noqa: S105 - an error code, not a secret
 # The provider documents a 24 h key retention; recovery by resend must happen inside it.
 KEY_RETENTION = timedelta(hours=24)
 
@@ -30,6 +40,22 @@ def _receipt(kind: str, body: Mapping[str, Any], key: str) -> str:
     return f"crm:{kind}:key={key}"
 
 
+def _error_code(response: httpx.Response) -> str | None:
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        return None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
+
+
+def fencing_headers(call: base.Call) -> dict[str, str]:
+    """The claim's generation and the key it fences, for every write (none on a lookup)."""
+    if call.fencing_generation is None:
+        return {}
+    return {"Fencing-Token": str(call.fencing_generation), "Fencing-Key": call.idempotency_key}
+
+
 def _classify(response: httpx.Response, kind: str, key: str) -> base.Result:
     status = response.status_code
     if status in (200, 201):
@@ -37,6 +63,9 @@ def _classify(response: httpx.Response, kind: str, key: str) -> base.Result:
                             replayed=response.headers.get("Idempotent-Replayed") == "true")
     if status in (412, 428):
         return base.PreconditionFailed(f"provider answered {status}: the record changed")
+    if status == 409 and _error_code(response) == STALE_FENCING_TOKEN:
+        return base.Fenced(f"provider refused a stale fencing token ({STALE_FENCING_TOKEN}): "
+                           "a newer claim wrote this key; nothing was applied")
     if 400 <= status < 500:
         return base.Refused(f"provider refused the request ({status})", status)
     return base.InDoubt(f"provider answered {status}")
@@ -67,7 +96,8 @@ class CrmConnector:
 
     name = "crm"
     actions = frozenset({"crm.note.create", "crm.contact.update"})
-    contract = base.Contract("keyed", lookup=True, retention=KEY_RETENTION)
+    contract = base.Contract("keyed", lookup=True, retention=KEY_RETENTION,
+                             call_timeout_s=CALL_TIMEOUT_S, fencing=True)
     scopes: frozenset[base.Scope] = frozenset({"write", "lookup"})
 
     def __init__(self, base_url: str, *, client: httpx.AsyncClient | None = None) -> None:
@@ -75,7 +105,7 @@ class CrmConnector:
 
     async def execute(self, call: base.Call, token: str) -> base.Result:
         key = call.idempotency_key
-        headers = {"Idempotency-Key": key}
+        headers = {"Idempotency-Key": key, **fencing_headers(call)}
         if call.expected_revision is not None:
             headers["If-Match"] = f'"{call.expected_revision}"'
         customer = call.arguments["customer_id"]
@@ -117,7 +147,7 @@ class BillingConnector:
 
     name = "billing"
     actions = frozenset({"billing.refund.create"})
-    contract = base.Contract("none")
+    contract = base.Contract("none", call_timeout_s=CALL_TIMEOUT_S, fencing=True)
     scopes: frozenset[base.Scope] = frozenset({"write"})
 
     def __init__(self, base_url: str, *, client: httpx.AsyncClient | None = None) -> None:
@@ -129,7 +159,10 @@ class BillingConnector:
             "POST", "/v1/refunds", token, kind="refund", key=call.idempotency_key,
             json={"customer_id": args["customer_id"], "invoice_id": args["invoice_id"],
                   "amount_cents": args["amount_minor"], "currency": args["currency"],
-                  "reason": args["reason"]})
+                  "reason": args["reason"]},
+            # No Idempotency-Key: the CRM would not dedupe refunds by it anyway, and sending
+            # one would suggest it does. The fencing key only fences.
+            headers=fencing_headers(call))
 
     async def lookup(self, call: base.Call, token: str) -> base.Lookup:
         return base.InDoubt("billing has no lookup: an operator must reconcile")

@@ -36,9 +36,9 @@ from agentledger.telemetry import spans
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("agentledger.executor")
 
-# The lease must outlast one call with its resends (connector read timeout 5 s, up to three
-# sends, backoff); 60 s leaves room for a slow database on top without letting a dead
-# worker's command wait long for the reconciler.
+# The lease covers the checks before the first call; each call then renews it to cover that
+# call (``dispatch.mark_sending``). 60 s leaves room for a slow database and policy check
+# without letting a dead worker's command wait long for the reconciler.
 LEASE_S = 60.0
 # Identical resends with the same key after an answer was lost (keyed / replay-safe only).
 RESENDS = 2
@@ -50,7 +50,8 @@ TERMINAL = frozenset({"succeeded", "denied", "expired", "review_required", "fail
 # Bounded names of what a call returned (span attribute and metric label).
 _RESULTS: dict[type, str] = {
     base.Applied: "applied", base.PreconditionFailed: "precondition_failed",
-    base.Refused: "refused", base.NotSent: "not_sent", base.InDoubt: "in_doubt"}
+    base.Refused: "refused", base.Fenced: "fenced", base.NotSent: "not_sent",
+    base.InDoubt: "in_doubt"}
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,22 @@ class Dispatcher:
     worker_id: str
     lease_s: float = LEASE_S
     max_generations: int = dispatch.MAX_GENERATIONS
+    # Overrides every connector's declared call bound (``Contract.call_timeout_s``), e.g. a
+    # short one under the chaos tier's short leases.
+    call_timeout_s: float | None = None
     # The dispatch span opened by ``begin`` for a claim (by attempt id), closed by ``complete``.
     _spans: dict[UUID, Span] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for connector in self.connectors.values():
+            if not 0 < self.call_bound(connector) <= dispatch.MAX_CALL_S:
+                # Past it, an operator's resolution could land while the call still runs.
+                raise ValueError(f"the call bound of {connector.name} must be in "
+                                 f"(0, {dispatch.MAX_CALL_S:g}] s (ledger.dispatch.MAX_CALL_S)")
+
+    def call_bound(self, connector: base.Connector) -> float:
+        """The longest one call to ``connector`` may take before it counts as in doubt."""
+        return self.call_timeout_s or connector.contract.call_timeout_s
 
     async def begin(
         self, tenant_id: UUID, operation_id: UUID, *, traceparent: str | None = None
@@ -175,8 +190,17 @@ class Dispatcher:
                                      reason="no write credential for this tenant")
                 return "denied"
         call = base.Call(held.tenant_id, held.operation_id, row["action"], row["resource_id"],
-                         arguments, row["expected_revision"])
+                         arguments, row["expected_revision"], fencing_generation=held.generation)
         result, held = await self._call(connector, call, token, held, traceparent)
+        if isinstance(result, base.Fenced):
+            # A newer claim wrote to the provider: the outcome is its to record, not ours.
+            async with self.pool.acquire() as conn:
+                await dispatch.finish_attempt(conn, held, "abandoned", result.reason)
+            log.warning("event=fenced_by_provider operation_id=%s generation=%d",
+                        held.operation_id, held.generation)
+            raise errors.StaleClaim("the provider refused this claim's fencing token; no "
+                                    "outcome is recorded", operation_id=str(held.operation_id),
+                                    generation=held.generation)
         return await self.record(held, result, traceparent=traceparent)
 
     async def _refusal(
@@ -244,20 +268,33 @@ class Dispatcher:
         """One connector call in its own ``attempt`` span; a reconnect or a resend links to
         the first attempt. Returns the result and the link to the first attempt.
 
+        The call is bounded (``call_bound``): past it the answer is ``InDoubt`` — the request
+        may have reached the provider — never a success. The pre-call check renewed the
+        lease to cover that bound, so a worker that is not stalled never calls on a claim the
+        reconciler could take over mid-call.
+
         Raises:
             StaleClaim: The claim is no longer current: the call is not made.
         """
+        bound = self.call_bound(connector)
         async with self.pool.acquire() as conn:
             # Immediately before the call, on the ledger and not from memory: a worker that
             # stalled past its lease (a GC pause, a frozen VM) must not act on a claim that was
             # taken from it; and an unmarked claim is known never to have sent (issue 17).
-            await dispatch.mark_sending(conn, held)
+            await dispatch.mark_sending(conn, held, call_s=bound)
+        # A stall here (a GC pause, SIGSTOP) outlives the renewed lease: only the provider's
+        # fencing can refuse the call that follows.
+        await faults.point("executor.before_call")
         with spans.span(tracer, "attempt", kind=SpanKind.CLIENT, links=[first], attributes={
                 spans.OPERATION_ID: str(call.operation_id), spans.ACTION: call.action,
                 spans.CONNECTOR: connector.name, spans.GENERATION: held.generation,
                 spans.ATTEMPT_KIND: kind, spans.ATTEMPT_ID: str(held.attempt_id)}) as span:
             started = time.perf_counter()
-            result = await connector.execute(call, token)
+            try:
+                async with asyncio.timeout(bound):
+                    result = await connector.execute(call, token)
+            except TimeoutError:
+                result = base.InDoubt(f"no answer within the call bound ({bound:g} s)")
             outcome = _RESULTS.get(type(result), "other")
             span.set_attribute(spans.OUTCOME, outcome)
         telemetry_metrics.attempt_duration.record(

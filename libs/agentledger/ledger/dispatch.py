@@ -27,9 +27,10 @@ Q = sql.load(Path(__file__).with_name("dispatch.sql"))
 # after 10 is not going to get one by retrying, and each generation is up to six provider
 # calls (a send, reconnects, resends).
 MAX_GENERATIONS = 10
-# The longest a connector call may run once it passed the pre-call check: connectors keep
-# their timeouts under it (the CRM's: 2 s connect + 5 s write + 5 s read). Nobody declares an
-# outcome while an attempt younger than this may still act.
+# The longest a connector call may be declared or configured to take (Contract.call_timeout_s,
+# the executor's override): the dispatcher refuses a longer bound, so a call that passed the
+# pre-call check has ended within this of its stamp unless its process stalled (fencing covers
+# that). Nobody declares an outcome while an attempt younger than this may still act.
 MAX_CALL_S = 30.0
 # A requeue after nothing was sent (the provider unreachable) waits before the next dispatch:
 # 2 s after the first generation, doubling, at most a minute (see ``backoff``). Over the ten
@@ -37,6 +38,9 @@ MAX_CALL_S = 30.0
 RETRY_BASE_S = 2.0
 RETRY_CAP_S = 60.0
 _JITTER = random.Random()  # noqa: S311 - spreads retries; not a secret
+# What the pre-call check adds to the call bound when it renews the lease: the commit's round
+# trip and the scheduling between the ledger's now() and the start of the call's own timer.
+CALL_MARGIN_S = 1.0
 
 AttemptKind = Literal["dispatch", "lookup", "resend"]
 Requeued = Literal["requeued", "capped"]
@@ -113,11 +117,18 @@ async def new_attempt(
                  held.lease_until, attempt["attempt_id"], held.previous_state)
 
 
-async def mark_sending(conn: Conn, held: Claim) -> None:
-    """Prove the claim is current, on the ledger, immediately before a connector call.
+async def mark_sending(conn: Conn, held: Claim, *, call_s: float) -> datetime:
+    """Prove the claim is current, on the ledger, immediately before a connector call, and
+    make its lease cover the whole call.
 
-    Marks the attempt as one that may have reached the connector (``sent_at``): the
-    reconciler treats an expired claim none of whose attempts was marked as never sent.
+    The lease is renewed to at least ``call_s`` (the call's bound) plus ``CALL_MARGIN_S`` from
+    now, conditionally on the token being current and the lease unexpired: a current holder
+    always has the call covered, so the reconciler cannot take over while it runs. Marks the
+    attempt as one that may have reached the connector (``sent_at``): the reconciler treats
+    an expired claim none of whose attempts was marked as never sent.
+
+    Returns:
+        The lease's end after the renewal.
 
     Raises:
         StaleClaim: The claim was taken over or its lease expired: the caller must not call
@@ -125,15 +136,17 @@ async def mark_sending(conn: Conn, held: Claim) -> None:
             no call.
     """
     async with repository.transaction(conn, held.tenant_id) as tx:
-        marked = await tx.fetchval(Q["mark_sending"], held.tenant_id, held.operation_id,
-                                   held.token, held.attempt_id)
-        if marked is None:
+        lease_until: datetime | None = await tx.fetchval(
+            Q["mark_sending"], held.tenant_id, held.operation_id, held.token, held.attempt_id,
+            float(call_s) + CALL_MARGIN_S)
+        if lease_until is None:
             await tx.execute(Q["finish_attempt"], held.tenant_id, held.attempt_id, "abandoned",
                              "the claim was taken over or its lease expired before the call; "
                              "nothing was sent")
-    if marked is None:
+    if lease_until is None:
         raise errors.StaleClaim("the claim is no longer current; the call was not made",
                                 operation_id=str(held.operation_id))
+    return lease_until
 
 
 async def end_leases_of(conn: Conn, worker_id: str) -> int:

@@ -46,18 +46,22 @@ RETURNING attempt_id, started_at;
 
 -- name: mark_sending --
 -- Right before a call reaches the connector: proves the claim is still this worker's and its
--- lease unexpired, and marks the attempt as one that may have reached it (issue 17). The
--- command row is locked FOR SHARE, so a take-over either commits first (the token differs:
--- no row, the worker must not call) or waits for this mark and then sees it.
-WITH current_claim AS (
-  SELECT 1 FROM agent_command
+-- lease unexpired, renews the lease to cover the whole call ($5 s: the call bound plus a
+-- margin; never shortened), and marks the attempt as one that may have reached it (issue 17).
+-- The UPDATE locks the command row, so a take-over either commits first (the token differs
+-- or the lease ran out: no row, the worker must not call) or waits and then sees the lease
+-- renewed past the end of the call.
+WITH renewed AS (
+  UPDATE agent_command
+  SET lease_until = greatest(lease_until, now() + make_interval(secs => $5))
   WHERE tenant_id = $1 AND operation_id = $2 AND claim_token = $3 AND state = 'dispatching'
     AND lease_until > now()
-  FOR SHARE
+  RETURNING lease_until
 )
 UPDATE command_attempt SET sent_at = coalesce(sent_at, now())
-WHERE tenant_id = $1 AND attempt_id = $4 AND EXISTS (SELECT 1 FROM current_claim)
-RETURNING sent_at;
+FROM renewed
+WHERE tenant_id = $1 AND attempt_id = $4
+RETURNING renewed.lease_until;
 
 -- name: finish_attempt --
 -- The attempt's end and what came back.
