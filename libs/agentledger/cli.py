@@ -18,6 +18,7 @@ from rich.markup import escape
 from agentledger import (
     cli_approvals,
     cli_eval,
+    cli_principals,
     errors,
     migrations,
     operators,
@@ -99,6 +100,7 @@ def demo(
 
 
 app.add_typer(cli_approvals.app, name="approvals")
+app.add_typer(cli_principals.app, name="principals")
 app.command("eval")(cli_eval.eval_command)
 
 reconcile_app = typer.Typer(no_args_is_help=True, help="Resolve commands whose outcome is unknown.")

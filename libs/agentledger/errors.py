@@ -107,6 +107,12 @@ class NotAnOperator(PolicyDenied):
     code = "not_an_operator"
 
 
+class PrincipalNotFound(AgentLedgerError):
+    """The principal directory of this tenant has no such principal."""
+
+    code = "principal_not_found"
+
+
 # --- ledger (R3, R4, R5) -----------------------------------------------------------------
 
 
