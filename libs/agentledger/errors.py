@@ -100,6 +100,19 @@ class PolicyDenied(AgentLedgerError):
     code = "policy_denied"
 
 
+class NotAnOperator(PolicyDenied):
+    """The session's principal is not a current operator of this tenant (a directory entry
+    holding an operating role, not revoked): operator commands are refused (issue 18 §3)."""
+
+    code = "not_an_operator"
+
+
+class PrincipalNotFound(AgentLedgerError):
+    """The principal directory of this tenant has no such principal."""
+
+    code = "principal_not_found"
+
+
 # --- ledger (R3, R4, R5) -----------------------------------------------------------------
 
 
@@ -131,6 +144,23 @@ class InvalidTransition(AgentLedgerError):
     """The command is not in a state that allows this transition."""
 
     code = "invalid_transition"
+
+
+class ReceiptContradicted(ValidationFailed):
+    """The provider's lookup contradicts the resolution (it finds no effect, another receipt,
+    or an effect the resolution denies): nothing is recorded (issue 18 §3)."""
+
+    code = "receipt_contradicted"
+
+
+class ReceiptUnverifiable(AgentLedgerError):
+    """The provider's lookup could not answer (no answer, no lookup credential, a key the
+    provider may have forgotten): the resolution is refused unless the operator records it as
+    unchecked explicitly."""
+
+    # Retryable: the provider may answer later; an explicit unchecked record is the other way.
+    code = "receipt_unverifiable"
+    retryable = True
 
 
 # --- payload encryption (R3.6) -------------------------------------------------------------

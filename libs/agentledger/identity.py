@@ -249,6 +249,16 @@ def _uuid_claim(claims: Mapping[str, Any], name: str) -> uuid.UUID:
         raise errors.IdentityRejected(f"claim {name} is not a UUID") from exc
 
 
+def is_principal_id(value: str) -> bool:
+    """Whether a session could name ``value`` as its principal (its ``sub``)."""
+    return _PRINCIPAL.fullmatch(value) is not None
+
+
+def is_role_name(value: str) -> bool:
+    """Whether a session could carry ``value`` among its roles."""
+    return _ROLE.fullmatch(value) is not None
+
+
 def _principal(claims: Mapping[str, Any]) -> str:
     sub = claims.get("sub")
     if not isinstance(sub, str) or not _PRINCIPAL.match(sub):

@@ -120,11 +120,14 @@ def test_lost_refund_went_unknown_then_was_resolved_by_an_operator(demo: tuple[l
     (who, why, evidence), = rows(world, "SELECT resolved_by, reason, evidence FROM command_resolution"
                                  " WHERE operation_id = %s", op)
     assert who == "user:oscar" and why and evidence and "effect log" in evidence
+    # Oscar signed with his session token; refunds have no lookup, so his word is recorded as such.
+    assert why.startswith("[unchecked: connector billing declares no lookup"), why
     types = [t for (t,) in rows(world, "SELECT type FROM audit_event WHERE operation_id = %s ORDER BY seq", op)]
     assert "command.reconciled" in types
     # Two refunds happened in the CRM (the approved one and the lost one), no more.
     assert len(effects(world, world.acme, "refund.created")) == 2
     assert "ledger: unknown" in out and "resolved by user:oscar" in out
+    assert "unchecked" in out.split("3 · A refund")[1]
 
 
 def test_injection_attempts_were_refused_with_zero_effects(demo: tuple[launch.World, str]) -> None:

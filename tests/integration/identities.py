@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -50,3 +51,31 @@ async def put_principals(
 # Who acts in tests: an agent user, an approver for ordinary approvals, finance for refunds.
 DEFAULT_PRINCIPALS = {"user:alice": ["user"], "user:bob": ["approver"],
                       "user:fiona": ["finance-approver"]}
+
+
+# The identity provider of session tokens (the console's and the operator commands'), and who
+# operates: `agent-operator` in the directory AND in the token's claims, like the console's
+# approvers.
+SESSION_PRIVATE, SESSION_PUBLIC = identity.generate_keypair("EdDSA")
+SESSION_KID, SESSION_ISSUER, SESSION_AUDIENCE = "test-idp", "agentledger-test-idp", "agentledger-ingress"
+SESSION_KEYS = {SESSION_KID: SESSION_PUBLIC}
+OPERATOR = "ops:olga"
+
+
+def session_token(tenant_id: uuid.UUID | str, principal: str, roles: Iterable[str] = ("agent-operator",),
+                  *, private_pem: str = SESSION_PRIVATE) -> str:
+    """A session token of the test identity provider (``private_pem``: another key, a forgery)."""
+    return identity.issue_session(private_pem, SESSION_KID, tenant_id=uuid.UUID(str(tenant_id)),
+                                  subject=principal, audience=SESSION_AUDIENCE,
+                                  issuer=SESSION_ISSUER, roles=list(roles))
+
+
+def operator_env(database_url: str, crm_url: str = "http://127.0.0.1:9",
+                 lookup_tokens: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, str]:
+    """What an operator's shell sets for `reconcile resolve` and `principals`."""
+    return {"AGENTLEDGER_DATABASE_URL": database_url,
+            "AGENTLEDGER_OPERATOR_SESSION_KEYS": json.dumps(SESSION_KEYS),
+            "AGENTLEDGER_OPERATOR_SESSION_ISSUER": SESSION_ISSUER,
+            "AGENTLEDGER_OPERATOR_SESSION_AUDIENCE": SESSION_AUDIENCE,
+            "AGENTLEDGER_OPERATOR_CRM_URL": crm_url,
+            "AGENTLEDGER_OPERATOR_LOOKUP_TOKENS": json.dumps(lookup_tokens or {})}

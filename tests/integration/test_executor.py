@@ -24,6 +24,8 @@ REFUND = "billing.refund.create"
 CONTACT = "crm.contact.update"
 # The billing connector's declared call bound: what the pre-call check covers for a refund.
 REFUND_CALL_S = crm_connectors.BillingConnector.contract.call_timeout_s
+# Ledger-level resolutions (the verified, checked path is tests/integration/test_resolution.py).
+UNCHECKED: dict[str, Any] = {"receipt_check": "unchecked", "check_detail": "billing declares no lookup"}
 
 
 @pytest.fixture(scope="module")
@@ -86,11 +88,11 @@ async def test_lost_response_on_a_refund_is_unknown_until_an_operator_resolves_i
         assert [c["operation_id"] for c in listed] == [op]
         with pytest.raises(errors.ValidationFailed):
             await dispatch.resolve_unknown(operator, t.tenant_id, op, outcome="succeeded",
-                                           resolved_by="ops:bob", reason="customer saw money")
+                                           resolved_by="ops:bob", **UNCHECKED, reason="customer saw money")
         assert (await world.row(t, op))["state"] == "unknown"
         effect = (await world.effects(t, "refund.created"))[0]
         await dispatch.resolve_unknown(operator, t.tenant_id, op, outcome="succeeded",
-                                       resolved_by="ops:bob", reason="found in the CRM effect log",
+                                       resolved_by="ops:bob", **UNCHECKED, reason="found in the CRM effect log",
                                        receipt=f"crm:refund:effect-{effect['effect_id']}",
                                        evidence="GET /admin/effects")
     finally:
@@ -230,7 +232,14 @@ async def test_operator_cli_lists_and_resolves_an_unknown_refund(world: World, d
     begun = await worker.begin(t.tenant_id, op)
     assert await worker.complete(begun.claim) == "unknown"  # type: ignore[arg-type]
 
-    env = {**os.environ, "AGENTLEDGER_DATABASE_URL": database_url}
+    # ops:eve operates: in the directory, and signing with her own session token.
+    from agentledger.policy import repository as policy_repo
+    from tests.integration import identities
+
+    async with world.owner.acquire() as conn:
+        await policy_repo.put_principal(conn, t.tenant_id, "ops:eve", ["agent-operator"])
+    env = {**os.environ, **identities.operator_env(database_url),
+           "AGENTLEDGER_TOKEN": identities.session_token(t.tenant_id, "ops:eve")}
     cli = [sys.executable, "-m", "agentledger.cli"]
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -240,15 +249,15 @@ async def test_operator_cli_lists_and_resolves_an_unknown_refund(world: World, d
     listed = await asyncio.to_thread(run, "reconcile", "list", "--tenant", str(t.tenant_id))
     assert listed.returncode == 0 and str(op) in listed.stdout, listed.stderr
     refused = await asyncio.to_thread(run, "reconcile", "resolve", str(op), "--tenant", str(t.tenant_id),
-                                      "--outcome", "succeeded", "--reason", "looks done", "--by", "ops:eve")
+                                      "--outcome", "succeeded", "--reason", "looks done")
     assert refused.returncode == 2 and "validation_failed" in refused.stdout
     assert (await world.row(t, op))["state"] == "unknown"
     done = await asyncio.to_thread(run, "reconcile", "resolve", str(op), "--tenant", str(t.tenant_id),
-                                   "--outcome", "failed", "--reason", "refund reversed by finance",
-                                   "--by", "ops:eve")
+                                   "--outcome", "failed", "--reason", "refund reversed by finance")
     assert done.returncode == 0, done.stdout + done.stderr
     row = await world.row(t, op)
     assert (row["state"], row["provider_receipt"]) == ("failed", None)
+    assert row["outcome_reason"].startswith("[unchecked: connector billing declares no lookup"), dict(row)
     async with world.owner.acquire() as conn:
         audit = await conn.fetchval("SELECT count(*) FROM event_outbox WHERE operation_id=$1 "
                                     "AND type='command.reconciled'", op)
@@ -523,14 +532,14 @@ async def test_nobody_resolves_a_command_while_an_attempt_may_still_act(world: W
         await operator.execute("SET ROLE agentledger_reconciler")
         with pytest.raises(errors.AttemptMayStillAct, match="may act until"):
             await dispatch.resolve_unknown(operator, t.tenant_id, ops[0], outcome="failed",
-                                           resolved_by="ops:bob", reason="nothing in the CRM")
+                                           resolved_by="ops:bob", **UNCHECKED, reason="nothing in the CRM")
         assert (await world.row(t, ops[0]))["state"] == "unknown"
         async with world.owner.acquire() as conn:  # the clock moving past the longest call
             await conn.execute("UPDATE command_attempt SET sent_at = sent_at - make_interval(secs => $2) "
                                "WHERE operation_id = $1", ops[0], dispatch.MAX_CALL_S + 1)
         await dispatch.resolve_unknown(operator, t.tenant_id, ops[0], outcome="failed",
-                                       resolved_by="ops:bob", reason="nothing in the CRM")
-        await dispatch.resolve_unknown(operator, t.tenant_id, ops[1], outcome="failed", resolved_by="ops:bob",
+                                       resolved_by="ops:bob", **UNCHECKED, reason="nothing in the CRM")
+        await dispatch.resolve_unknown(operator, t.tenant_id, ops[1], outcome="failed", resolved_by="ops:bob", **UNCHECKED,
                                        reason="customer cancelled", override_acting=True)
     finally:
         await operator.close()

@@ -83,7 +83,8 @@ async def test_unknown_then_reconciled_by_an_operator(world: World, database_url
     assert mid.known["state"] == "unknown" and mid.known["receipt"] is None
     async with world.reconciler_pool.acquire() as conn:
         await dispatch.resolve_unknown(conn, t.tenant_id, op, outcome="succeeded", resolved_by="ops:bob",
-                                       reason="seen in CRM", receipt="crm:refund:checked", evidence="effect log")
+                                       reason="seen in CRM", receipt="crm:refund:checked", evidence="effect log",
+                                       receipt_check="unchecked", check_detail="billing declares no lookup")
     e = await explain(database_url, t.tenant_id, op)
     # Permitted: admission required approval, finance approved it, dispatch re-check allowed.
     effects = [(d["stage"], d["effect"]) for d in e.permitted["decisions"]]

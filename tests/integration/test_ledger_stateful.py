@@ -115,6 +115,7 @@ class LedgerMachine(RuleBasedStateMachine):
         try:
             self.run(dispatch.resolve_unknown(self.conn, self.tenant, op, outcome=outcome,  # type: ignore[arg-type]
                                               resolved_by="ops", reason="checked",
+                                              receipt_check="unchecked", check_detail="a model of the ledger",
                                               receipt="r-op" if outcome == "succeeded" else None))
             assert was == "unknown"
         except errors.InvalidTransition:

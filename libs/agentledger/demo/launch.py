@@ -55,6 +55,9 @@ class World:
     tokens: dict[str, str]   # principal → session token (tenant Acme)
     home: str
     operations: dict[str, Any] = field(default_factory=dict)  # scenario → operation ids
+    # What an operator's shell sets for `reconcile resolve` and `principals`: the identity
+    # provider's keys (to verify the operator's session) and the reconciler's lookup tokens.
+    operator_env: dict[str, str] = field(default_factory=dict)
 
     def topic(self, name: str) -> str:
         return self.namespace + name
@@ -243,10 +246,18 @@ def launch(opts: Options, step: Step) -> World:
                for name, own in env.items()]
     stack.wait_ready(started, probes, on_ready=lambda name: step(f"{name} is ready"))
     tokens = {p: keys.session(acme.tenant_id, p, roles) for p, roles in seed.PRINCIPALS.items()}
+    operator_env = {
+        "AGENTLEDGER_OPERATOR_SESSION_KEYS": session_keys,
+        "AGENTLEDGER_OPERATOR_SESSION_ISSUER": seed.SESSION_ISSUER,
+        "AGENTLEDGER_OPERATOR_SESSION_AUDIENCE": seed.SESSION_AUDIENCE,
+        "AGENTLEDGER_OPERATOR_CRM_URL": url["crm"],
+        "AGENTLEDGER_OPERATOR_LOOKUP_TOKENS":
+            env["reconciler"]["AGENTLEDGER_RECONCILER_LOOKUP_TOKENS"]}
     world = World(
         database_url=ledger_url, crm_database_url=crm_db, bootstrap=bootstrap, namespace=ns,
         crm_url=url["crm"], crm_admin_token=admin_token, ingress_url=url["ingress"],
         console_url=url["console"], model_url=url["model"], acme=_tenant_json(acme),
-        globex=_tenant_json(globex), tokens=tokens, home=str(opts.home))
+        globex=_tenant_json(globex), tokens=tokens, home=str(opts.home),
+        operator_env=operator_env)
     world.save()
     return world

@@ -102,8 +102,10 @@ def main(opts: launch.Options, *, browser_hints: bool = True, console: Console |
             world = launch.launch(opts, step)
         out.print(f"  [dim]· everything up in {time.monotonic() - started:.0f} s[/dim]",
                   highlight=False)
-        # The operator commands (reconcile, explain) run in this process, on the demo ledger.
+        # The operator commands (reconcile, explain) run in this process, on the demo ledger,
+        # verifying sessions with the demo identity provider's keys.
         os.environ["AGENTLEDGER_DATABASE_URL"] = world.database_url
+        os.environ.update(world.operator_env)
         asyncio.run(scenarios.play(world, out, browser_hints=browser_hints))
         _explain(world, out)
     except stack.DemoError as exc:

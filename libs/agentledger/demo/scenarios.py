@@ -196,16 +196,21 @@ async def lost_refund_reconciled(s: Story) -> None:
                 f"{effect['customer_id']} at {effect['created_at']}")
     receipt = f"crm:effect:{effect['effect_id']}"
     reason = "found the refund in the CRM effect log, committed when the answer was lost"
-    s.say(f"[bold]operator oscar[/bold] $ agentledger reconcile resolve {op} --tenant {tenant} "
-          f"--outcome succeeded --receipt {receipt} --by user:oscar "
+    s.say("[bold]operator oscar[/bold] signs with his own session token (an operator in the "
+          "principal directory); the ledger records him as the resolver, not a name he types")
+    s.say(f"[bold]operator oscar[/bold] $ AGENTLEDGER_TOKEN=<oscar's token> agentledger reconcile "
+          f"resolve {op} --outcome succeeded --receipt {receipt} "
           f"--reason {escape(json.dumps(reason))} --evidence {escape(json.dumps(evidence))}")
-    await asyncio.to_thread(cli.reconcile_resolve, op, tenant=tenant, outcome="succeeded",
-                            reason=reason, by="user:oscar", receipt=receipt, evidence=evidence)
+    await asyncio.to_thread(cli.reconcile_resolve, op, outcome="succeeded", reason=reason,
+                            token=s.world.tokens["user:oscar"], receipt=receipt,
+                            evidence=evidence)
     row = await s.command(op)
     who = await s.rows("SELECT resolved_by, reason FROM command_resolution"
                        " WHERE operation_id = $1", op)
     s.fact(f"ledger: [bold]{row and row['state']}[/bold] receipt={row and row['provider_receipt']}"
-           f", resolved by {who[0]['resolved_by']}: {who[0]['reason']}")
+           f", resolved by {who[0]['resolved_by']}: {escape(who[0]['reason'])}")
+    s.fact("refunds have no lookup, so the receipt is recorded [bold]unchecked[/bold]: the "
+           "operator's word and evidence; a CRM note's receipt would be checked by key")
 
 
 def _planner_log(s: Story) -> list[str]:

@@ -43,6 +43,9 @@ _JITTER = random.Random()  # noqa: S311 - spreads retries; not a secret
 CALL_MARGIN_S = 1.0
 
 AttemptKind = Literal["dispatch", "lookup", "resend"]
+# What an operator's resolution rests on: the provider's lookup agreed with it, or the
+# provider could not be asked (a connector without lookup, or an explicit unchecked record).
+ReceiptCheck = Literal["confirmed", "unchecked"]
 Requeued = Literal["requeued", "capped"]
 FinalState = Literal[
     "pending", "succeeded", "denied", "expired", "unknown", "review_required", "failed"
@@ -376,10 +379,17 @@ async def republish(
 
 async def resolve_unknown(
     conn: Conn, tenant_id: UUID, operation_id: UUID, *, outcome: Literal["succeeded", "failed"],
-    resolved_by: str, reason: str, receipt: str | None = None, evidence: str | None = None,
-    override_acting: bool = False, max_call_s: float = MAX_CALL_S,
+    resolved_by: str, reason: str, receipt_check: ReceiptCheck, check_detail: str,
+    receipt: str | None = None, evidence: str | None = None, override_acting: bool = False,
+    max_call_s: float = MAX_CALL_S,
 ) -> UUID:
     """An operator resolves an ``unknown`` command, recorded with who, when, why (R6.6).
+
+    The caller has verified ``resolved_by`` as a current operator and checked the outcome with
+    the provider where it can be asked (``executor.resolution.resolve`` does both); what that
+    check rests on (``receipt_check``, ``check_detail``) is recorded with the resolution, in
+    its reason and audit event, so an auditor never mistakes an operator's word for a
+    provider's confirmation.
 
     Refused while an attempt that may have reached the provider can still act (stamped, never
     closed, younger than ``max_call_s``): a stalled worker's call could land after the
@@ -402,6 +412,7 @@ async def resolve_unknown(
                 f"{first['fencing_generation']}) was sent at {first['sent_at'].isoformat()} and "
                 f"may act until {max_call_s:.0f} s after; resolve after that, or override "
                 "knowing its effect may still land", operation_id=str(operation_id))
+        reason = f"[{receipt_check}: {check_detail[:200]}] {reason}"
         if acting:
             reason = (f"[OVERRIDE: resolved while {len(acting)} attempt(s) may still act] "
                       + reason)
@@ -419,6 +430,7 @@ async def resolve_unknown(
             payload={"operation_id": str(operation_id), "outcome": outcome,
                      "resolved_by": resolved_by, "reason": reason[:500], "receipt": receipt,
                      "resolution_id": str(resolution["resolution_id"]),
+                     "receipt_check": receipt_check, "check_detail": check_detail[:500],
                      "overrode_acting_attempts": len(acting)},
         )
         await repository.append_event(

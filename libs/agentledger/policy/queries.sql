@@ -36,3 +36,34 @@ SELECT decision_id, tenant_id, principal_id, action, resource_id, effect, policy
 FROM policy_decision
 WHERE tenant_id = $1 AND operation_id = $2
 ORDER BY decided_at, decision_id;
+
+-- name: create_principal --
+-- A principal with no roles yet, unless it exists (a grant to a new principal creates it).
+-- Returns a row only when it was created now.
+INSERT INTO principal (tenant_id, principal_id, roles)
+VALUES ($1, $2, '[]'::jsonb)
+ON CONFLICT (tenant_id, principal_id) DO NOTHING
+RETURNING principal_id;
+
+-- name: lock_principal --
+-- One principal as it stands, locked until the change to it commits (two operators changing
+-- the same principal at once apply one after the other, each to what the other wrote).
+SELECT principal_id, roles, revoked_at, updated_at
+FROM principal
+WHERE tenant_id = $1 AND principal_id = $2
+FOR UPDATE;
+
+-- name: change_principal --
+-- The principal's new roles and whether it is revoked ($4); a revocation keeps its first time.
+UPDATE principal
+SET roles = $3::jsonb, updated_at = now(),
+    revoked_at = CASE WHEN $4::boolean THEN coalesce(revoked_at, now()) END
+WHERE tenant_id = $1 AND principal_id = $2
+RETURNING principal_id, roles, revoked_at, updated_at;
+
+-- name: list_principals --
+-- The tenant's directory, or one principal of it ($2 NULL: all).
+SELECT principal_id, roles, revoked_at, updated_at
+FROM principal
+WHERE tenant_id = $1 AND ($2::text IS NULL OR principal_id = $2)
+ORDER BY principal_id;

@@ -70,6 +70,35 @@ async def require_approver(conn: ledger.Conn, tenant_id: UUID, principal_id: str
     return found
 
 
+# Who may run operator commands (resolve an `unknown` outcome, change the directory): the
+# principal directory's operators, checked at every command like approvers. The SPEC's
+# operators (§ Users) carry this role in the directory already (Cedar lets them request too).
+OPERATING_ROLES: Final = frozenset({"agent-operator"})
+
+
+def is_operator(found: cedar.Principal | None) -> bool:
+    """Whether a directory entry is a current operator: present, not revoked, an operating role."""
+    return found is not None and not found.revoked and bool(OPERATING_ROLES & found.roles)
+
+
+async def require_operator(conn: ledger.Conn, tenant_id: UUID, principal_id: str
+                           ) -> cedar.Principal:
+    """The principal, if the directory records it as a current operator of this tenant.
+
+    Args:
+        conn: A connection whose role may read ``principal`` (e.g. ``agentledger_auditor``).
+
+    Raises:
+        errors.NotAnOperator: Unknown here, revoked, or holding no operating role.
+        errors.AccessDenied, errors.StorageError: as :func:`ledger.transaction`.
+    """
+    found = await PostgresPrincipalDirectory(conn).lookup(tenant_id, principal_id)
+    if found is None or not is_operator(found):
+        raise errors.NotAnOperator(f"{principal_id[:128]} is not a current operator of "
+                                   "this tenant in the principal directory")
+    return found
+
+
 async def put_principal(
     conn: ledger.Conn, tenant_id: UUID, principal_id: str, roles: Iterable[str]
 ) -> None:
