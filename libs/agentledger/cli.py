@@ -26,7 +26,7 @@ from agentledger import (
 )
 from agentledger.audit import explain as audit_explain
 from agentledger.executor import resolution
-from agentledger.ledger import dispatch
+from agentledger.ledger import resolutions
 
 app = typer.Typer(no_args_is_help=True, help="agentledger: crash-safe AI-agent side effects.")
 console = Console()
@@ -124,7 +124,7 @@ def reconcile_list(tenant: Annotated[uuid.UUID, typer.Option(help="Tenant id")])
     async def run() -> list[dict[str, object]]:
         conn = await _as_reconciler()
         try:
-            return await dispatch.unknown_commands(conn, tenant)
+            return await resolutions.unknown_commands(conn, tenant)
         finally:
             await conn.close()
 

@@ -14,7 +14,7 @@ import pytest
 
 from agentledger import errors
 from agentledger.connectors import crm as crm_connectors
-from agentledger.ledger import dispatch
+from agentledger.ledger import dispatch, resolutions
 from tests.helpers import assert_eventually
 from tests.integration.crm.conftest import Crm, run_crm
 from tests.integration.executor_world import World, close_world, open_world
@@ -84,14 +84,14 @@ async def test_lost_response_on_a_refund_is_unknown_until_an_operator_resolves_i
     operator = await asyncpg.connect(database_url)
     try:
         await operator.execute("SET ROLE agentledger_reconciler")
-        listed = await dispatch.unknown_commands(operator, t.tenant_id)
+        listed = await resolutions.unknown_commands(operator, t.tenant_id)
         assert [c["operation_id"] for c in listed] == [op]
         with pytest.raises(errors.ValidationFailed):
-            await dispatch.resolve_unknown(operator, t.tenant_id, op, outcome="succeeded",
+            await resolutions.resolve_unknown(operator, t.tenant_id, op, outcome="succeeded",
                                            resolved_by="ops:bob", **UNCHECKED, reason="customer saw money")
         assert (await world.row(t, op))["state"] == "unknown"
         effect = (await world.effects(t, "refund.created"))[0]
-        await dispatch.resolve_unknown(operator, t.tenant_id, op, outcome="succeeded",
+        await resolutions.resolve_unknown(operator, t.tenant_id, op, outcome="succeeded",
                                        resolved_by="ops:bob", **UNCHECKED, reason="found in the CRM effect log",
                                        receipt=f"crm:refund:effect-{effect['effect_id']}",
                                        evidence="GET /admin/effects")
@@ -531,15 +531,15 @@ async def test_nobody_resolves_a_command_while_an_attempt_may_still_act(world: W
     try:
         await operator.execute("SET ROLE agentledger_reconciler")
         with pytest.raises(errors.AttemptMayStillAct, match="may act until"):
-            await dispatch.resolve_unknown(operator, t.tenant_id, ops[0], outcome="failed",
+            await resolutions.resolve_unknown(operator, t.tenant_id, ops[0], outcome="failed",
                                            resolved_by="ops:bob", **UNCHECKED, reason="nothing in the CRM")
         assert (await world.row(t, ops[0]))["state"] == "unknown"
         async with world.owner.acquire() as conn:  # the clock moving past the longest call
             await conn.execute("UPDATE command_attempt SET sent_at = sent_at - make_interval(secs => $2) "
                                "WHERE operation_id = $1", ops[0], dispatch.MAX_CALL_S + 1)
-        await dispatch.resolve_unknown(operator, t.tenant_id, ops[0], outcome="failed",
+        await resolutions.resolve_unknown(operator, t.tenant_id, ops[0], outcome="failed",
                                        resolved_by="ops:bob", **UNCHECKED, reason="nothing in the CRM")
-        await dispatch.resolve_unknown(operator, t.tenant_id, ops[1], outcome="failed", resolved_by="ops:bob", **UNCHECKED,
+        await resolutions.resolve_unknown(operator, t.tenant_id, ops[1], outcome="failed", resolved_by="ops:bob", **UNCHECKED,
                                        reason="customer cancelled", override_acting=True)
     finally:
         await operator.close()

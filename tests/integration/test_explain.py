@@ -10,7 +10,7 @@ import pytest
 
 from agentledger import errors
 from agentledger.audit import explain as audit_explain
-from agentledger.ledger import dispatch
+from agentledger.ledger import resolutions
 from agentledger.policy import repository as policy_repo
 from tests.integration.crm.conftest import Crm, run_crm
 from tests.integration.executor_world import World, close_world, open_world
@@ -82,7 +82,7 @@ async def test_unknown_then_reconciled_by_an_operator(world: World, database_url
     mid = await explain(database_url, t.tenant_id, op)
     assert mid.known["state"] == "unknown" and mid.known["receipt"] is None
     async with world.reconciler_pool.acquire() as conn:
-        await dispatch.resolve_unknown(conn, t.tenant_id, op, outcome="succeeded", resolved_by="ops:bob",
+        await resolutions.resolve_unknown(conn, t.tenant_id, op, outcome="succeeded", resolved_by="ops:bob",
                                        reason="seen in CRM", receipt="crm:refund:checked", evidence="effect log",
                                        receipt_check="unchecked", check_detail="billing declares no lookup")
     e = await explain(database_url, t.tenant_id, op)

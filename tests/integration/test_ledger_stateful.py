@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
 from agentledger import errors
-from agentledger.ledger import dispatch, repository
+from agentledger.ledger import dispatch, repository, resolutions
 from tests.integration.ledger_factory import new_command
 
 FINAL = st.sampled_from(["succeeded", "denied", "expired", "unknown", "review_required"])
@@ -113,7 +113,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def resolve(self, op: uuid.UUID, outcome: str) -> None:
         was = self.state(op)
         try:
-            self.run(dispatch.resolve_unknown(self.conn, self.tenant, op, outcome=outcome,  # type: ignore[arg-type]
+            self.run(resolutions.resolve_unknown(self.conn, self.tenant, op, outcome=outcome,  # type: ignore[arg-type]
                                               resolved_by="ops", reason="checked",
                                               receipt_check="unchecked", check_detail="a model of the ledger",
                                               receipt="r-op" if outcome == "succeeded" else None))

@@ -42,7 +42,7 @@ from opentelemetry import trace
 
 from agentledger import errors, identity
 from agentledger.connectors import base
-from agentledger.ledger import dispatch, repository
+from agentledger.ledger import dispatch, repository, resolutions
 from agentledger.policy import repository as policy_repo
 from agentledger.telemetry import spans
 
@@ -92,7 +92,7 @@ async def resolve(
         CommandNotFound, InvalidTransition: No such command here, or it is not ``unknown``.
         ReceiptContradicted: The provider's lookup contradicts the resolution.
         ReceiptUnverifiable: The lookup cannot answer, and no ``allow_unchecked``.
-        AttemptMayStillAct: As :func:`dispatch.resolve_unknown`.
+        AttemptMayStillAct: As :func:`resolutions.resolve_unknown`.
     """
     tenant_id = operator.tenant_id
     await policy_repo.require_operator(directory, tenant_id, operator.principal_id)
@@ -108,7 +108,7 @@ async def resolve(
         checked = await check(connectors.get(row["connector"]), credentials, row, tried,
                               outcome=outcome, receipt=receipt,
                               allow_unchecked=allow_unchecked, now=now)
-    resolution_id = await dispatch.resolve_unknown(
+    resolution_id = await resolutions.resolve_unknown(
         conn, tenant_id, operation_id, outcome=outcome, resolved_by=operator.principal_id,
         reason=reason, receipt=receipt, evidence=evidence, override_acting=override_acting,
         max_call_s=max_call_s, receipt_check=checked.check, check_detail=checked.detail)
