@@ -59,7 +59,8 @@ class Provider:
 
     found: base.Lookup
     contract: base.Contract = field(
-        default_factory=lambda: base.Contract("keyed", lookup=True, retention=timedelta(hours=1)))
+        default_factory=lambda: base.Contract("keyed", lookup=True, retention=timedelta(hours=1),
+                                              call_timeout_s=5.0))
     name: str = "crm"
     actions: frozenset[str] = frozenset({"crm.note.create"})
     scopes: frozenset[base.Scope] = frozenset({"lookup"})
@@ -134,7 +135,7 @@ async def test_a_lookup_that_cannot_be_asked_refuses_unless_recorded_unchecked(
 
 
 async def test_a_connector_without_lookup_is_unchecked_without_asking() -> None:
-    provider = Provider(base.Applied("x"), contract=base.Contract("none"))
+    provider = Provider(base.Applied("x"), contract=base.Contract("none", call_timeout_s=5.0))
     found = await check(provider)
     assert found.check == "unchecked" and "declares no lookup" in found.detail
     assert provider.asked == []
