@@ -160,9 +160,9 @@ async def test_a_stalled_worker_is_refused_by_the_crm_after_a_newer_claim_wrote(
     stale = asyncio.create_task(stalled.complete(held))
     try:
         await asyncio.wait_for(gate.reached.wait(), timeout=30)  # passed the pre-call check
-        async with world.owner.acquire() as conn:  # then its lease runs out while it stalls
-            await conn.execute("UPDATE agent_command SET lease_until = now() - interval '1 second'"
-                               " WHERE operation_id = $1", op)
+        async with world.owner.acquire() as conn:  # then its lease and the call bound after
+            await conn.execute("UPDATE agent_command SET lease_until = now() - interval '1 minute'"
+                               " WHERE operation_id = $1", op)  # it run out while it stalls
         assert (await world.reconciler().sweep())[op] == "requeued"  # the lookup finds nothing
         newer = await world.dispatcher("fresh").begin(t.tenant_id, op)
         assert newer.claim is not None and newer.claim.generation == held.generation + 2

@@ -408,10 +408,13 @@ async def _claimed_refund(world: World, t: Any, invoice: str, amount: int, reaso
     return op, begun.claim
 
 
-async def _expire(world: World, op: uuid.UUID) -> None:
-    async with world.owner.acquire() as conn:  # the clock moving past the lease, in one statement
-        await conn.execute("UPDATE agent_command SET lease_until = now() - interval '1 second' "
-                           "WHERE operation_id = $1 AND state = 'dispatching'", op)
+async def _expire(world: World, op: uuid.UUID, *, past_call: bool = False) -> None:
+    """The clock moving past the lease, in one statement; ``past_call``: also past the call
+    bound after it, the window in which a stalled holder might still send (issue 18 §1)."""
+    ago = REFUND_CALL_S + dispatch.CALL_MARGIN_S + 1 if past_call else 1.0
+    async with world.owner.acquire() as conn:
+        await conn.execute("UPDATE agent_command SET lease_until = now() - make_interval(secs => $2) "
+                           "WHERE operation_id = $1 AND state = 'dispatching'", op, ago)
 
 
 async def test_a_refund_whose_worker_stopped_before_the_call_is_requeued_not_unknown(world: World) -> None:
@@ -453,6 +456,12 @@ async def test_a_refund_whose_call_may_have_been_sent_stays_unknown(world: World
     async with world.pool.acquire() as conn:
         await dispatch.mark_sending(conn, claim, call_s=REFUND_CALL_S)  # the check a call passes, then a crash
     await _expire(world, op)
+    # Its holder may only be stalled: nobody declares anything within a call bound of the
+    # lease's end (issue 18 §1) — no take-over, no new generation, no `unknown` yet.
+    assert (await world.reconciler().sweep())[op] == "skipped"
+    row = await world.row(t, op)
+    assert (row["state"], row["fencing_generation"]) == ("dispatching", claim.generation)
+    await _expire(world, op, past_call=True)
     assert (await world.reconciler().sweep())[op] == "unknown"
     assert (await world.row(t, op))["state"] == "unknown"
 
@@ -524,7 +533,7 @@ async def test_nobody_resolves_a_command_while_an_attempt_may_still_act(world: W
         op, claim = await _claimed_refund(world, t, f"inv-a{n}", 700 + n, "stalled mid-call", "stalled")
         async with world.pool.acquire() as conn:
             await dispatch.mark_sending(conn, claim, call_s=REFUND_CALL_S)  # passed the check; then it stalls
-        await _expire(world, op)
+        await _expire(world, op, past_call=True)
         assert (await world.reconciler().sweep())[op] == "unknown"
         ops.append(op)
     operator = await asyncpg.connect(database_url)
@@ -546,3 +555,21 @@ async def test_nobody_resolves_a_command_while_an_attempt_may_still_act(world: W
     assert (await world.row(t, ops[0]))["state"] == "failed"
     overridden = await world.row(t, ops[1])
     assert overridden["state"] == "failed" and overridden["outcome_reason"].startswith("[OVERRIDE"), dict(overridden)
+
+
+async def test_a_restarted_worker_closes_its_predecessors_attempts_so_recovery_need_not_wait(
+    world: World
+) -> None:
+    # A stalled holder may still send for a call bound after its lease, so the reconciler
+    # waits that out (issue 18 §1) — but a successor under the same identity knows its
+    # predecessor is gone: ending its leases closes their open attempts, and recovery is at
+    # once (the restarted-worker story must not wait the lease, nor the call bound).
+    t = await world.tenant()
+    op, claim = await _claimed_refund(world, t, "inv-r", 903, "predecessor crashed", "exec-1")
+    async with world.pool.acquire() as conn:
+        await dispatch.mark_sending(conn, claim, call_s=REFUND_CALL_S)  # sent, then the crash
+        assert await dispatch.end_leases_of(conn, "exec-1") == 1  # the successor starts
+        tried = await dispatch.attempts(conn, t.tenant_id, op)
+    assert [(a["result"], a["finished_at"] is not None) for a in tried] == [("abandoned", True)]
+    assert "restarted under the same identity" in tried[0]["detail"]
+    assert (await world.reconciler().sweep())[op] == "unknown"  # a refund: nobody can ask

@@ -141,6 +141,14 @@ class Reconciler:
         contract = connector.contract
         if state == "unknown" and not contract.lookup:
             return "skipped"  # waits for an operator; nothing automatic is safe
+        if state == "dispatching":
+            async with self.pool.acquire() as conn:
+                before = await dispatch.attempts(conn, tenant_id, operation_id)
+                current = await repository.load_command(conn, tenant_id, operation_id)
+            if dispatch.may_still_act(before, current["lease_until"], contract.call_timeout_s):
+                # A stalled holder may still send: take nothing over and declare nothing
+                # until its call bound has run out past the lease (next passes).
+                return "skipped"
         async with self.pool.acquire() as conn:
             held = await dispatch.claim(conn, tenant_id, operation_id, worker_id=self.worker_id,
                                         lease_s=self.lease_s, take_over=True,

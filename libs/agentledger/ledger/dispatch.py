@@ -170,6 +170,23 @@ def never_sent(tried: Sequence[dict[str, Any]], generation: int) -> bool:
         a["sent_at"] is None for a in held)
 
 
+def may_still_act(tried: Sequence[dict[str, Any]], lease_until: datetime | None,
+                   call_s: float, *, now: datetime | None = None) -> bool:
+    """Whether an earlier attempt may still reach the provider: stamped as sent, never closed,
+    and its claim's lease ended less than one call bound (plus margin) ago (issue 18 §1).
+
+    The pre-call check renews the lease to cover each call, so a worker that is merely slow
+    has finished by its lease's end; one that stalled (a GC pause, a frozen VM) may still send
+    for up to a call bound after it. Declaring ``unknown`` — or resolving — inside that window
+    could be contradicted by its late effect, so the reconciler waits it out.
+    """
+    if lease_until is None:
+        return False
+    open_sent = any(a["sent_at"] is not None and a["finished_at"] is None for a in tried)
+    window_ends = lease_until + timedelta(seconds=call_s + CALL_MARGIN_S)
+    return open_sent and (now or datetime.now(UTC)) < window_ends
+
+
 def past_retention(tried: Sequence[dict[str, Any]], retention: timedelta | None, *,
                    now: datetime | None = None) -> str | None:
     """Why resending by key is no longer safe, or None while it is.
