@@ -314,6 +314,9 @@ def _accepted(response: httpx.Response, key: str) -> Submission:
         message = str(error.get("message", f"HTTP {response.status_code}"))[:500]
         if response.status_code == 401:
             raise errors.IdentityRejected(message)
+        if response.status_code == 409:
+            # The key already holds a command with other content: nothing was published.
+            raise errors.IdempotencyConflict(message, idempotency_key=key)
         raise errors.ValidationFailed(f"ingress refused ({response.status_code}): {message}",
                                       code=error.get("code"))
     return Submission(

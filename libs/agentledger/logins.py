@@ -28,6 +28,8 @@ SERVICES: Final[dict[str, tuple[tuple[str, ...], bool]]] = {
     "reconciler": (("agentledger_reconciler",), False),
     "relay": (("agentledger_relay",), True),
     "console": (("agentledger_admission", "agentledger_auditor"), False),
+    # One function and nothing else: the request hash an operation id holds (0021).
+    "ingress": (("agentledger_ingress",), False),
 }
 
 

@@ -39,6 +39,8 @@ async def _agentledger_error(request: Request, exc: Exception) -> JSONResponse:
         response = _error(401, exc.code, "the session token is missing or invalid")
         response.headers["www-authenticate"] = "Bearer"
         return response
+    if isinstance(exc, errors.IdempotencyConflict):
+        return _error(409, exc.code, exc.message)
     if exc.retryable:
         return _error(503, exc.code, exc.message)
     return _error(400, exc.code, exc.message)
@@ -71,6 +73,8 @@ def create_app(settings: IngressSettings | None = None) -> FastAPI:
                                        ttl_s=cfg.envelope_ttl_s),
         requests_topic=cfg.requests_topic, proposals_topic=cfg.proposals_topic,
         publish_timeout_s=cfg.publish_timeout_s,
+        conflicts=(intake.ConflictCheck(cfg.database_url, cfg.conflict_check_timeout_s)
+                   if cfg.database_url else None),
     )
     outputs = (cfg.requests_topic, cfg.proposals_topic)
 
@@ -85,11 +89,15 @@ def create_app(settings: IngressSettings | None = None) -> FastAPI:
                                         group_id=cfg.group_id,
                                         max_body_bytes=cfg.max_body_bytes)
         await broker.start()
-        log.info("event=ingress_ready")
+        if gate.conflicts is not None:
+            await gate.conflicts.start()
+        log.info("event=ingress_ready conflict_check=%s", gate.conflicts is not None)
         try:
             yield
         finally:
             await broker.stop()
+            if gate.conflicts is not None:
+                await gate.conflicts.close()
 
     app = FastAPI(title="agentledger ingress", version="1", lifespan=lifespan)
     app.state.intake = gate

@@ -30,6 +30,7 @@ IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", pattern=K
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"description": "Missing or invalid session token"},
+    409: {"description": "The Idempotency-Key already holds a command with other content"},
     413: {"description": "Body larger than the limit"},
     503: {"description": "Kafka did not acknowledge; retry with the same key"},
 }
@@ -70,7 +71,9 @@ async def submit_proposal(
     session: Session, body: models.ProposalBody, request: Request,
     idempotency_key: IdempotencyKey = None,
 ) -> models.Accepted:
-    """Accept a gateway's own proposal for admission."""
+    """Accept a gateway's own proposal for admission; 409 when its Idempotency-Key already
+    holds a command with other content (knowable now: nothing is published)."""
+    await _intake(request).refuse_known_conflict(session, body, idempotency_key)
     return await _intake(request).submit_proposal(session, body, idempotency_key,
                                                    _trace(request))
 

@@ -5,6 +5,7 @@ identity envelope, publish. Shared by the HTTP routes and the ``gateway.proposal
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import secrets
 import uuid
@@ -12,11 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import asyncpg
 import pydantic
 from faststream.confluent import KafkaBroker
 
 from agentledger import errors, identity
 from agentledger.contracts import common, proposals, requests
+from agentledger.ledger import repository
 from agentledger.services.ingress import models
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,39 @@ def trace_headers(incoming: Mapping[str, str | bytes]) -> dict[str, str]:
     return headers
 
 
+class ConflictCheck:
+    """Ingress' one question to the ledger: does this operation id already hold a command
+    with another request hash? (issue 18 §2: a conflict knowable at once is answered 409.)
+
+    Fails open: admission stays the authority and answers ``conflict`` anyway, so a ledger
+    that is down or slow (``timeout_s``) costs the caller the early answer, never a request.
+    """
+
+    def __init__(self, database_url: str, timeout_s: float) -> None:
+        self.database_url, self.timeout_s = database_url, timeout_s
+        self.pool: asyncpg.Pool | None = None
+
+    async def start(self) -> None:
+        # min_size=0: no connection at start-up, so ingress starts while the ledger is away.
+        self.pool = await asyncpg.create_pool(self.database_url, min_size=0, max_size=4,
+                                              command_timeout=self.timeout_s)
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+
+    async def held(self, tenant_id: uuid.UUID, operation_id: uuid.UUID) -> bytes | None:
+        """The hash the operation holds; ``None`` if none, or if the ledger did not answer."""
+        if self.pool is None:
+            return None
+        try:
+            async with asyncio.timeout(self.timeout_s), self.pool.acquire() as conn:
+                return await repository.admitted_hash(conn, tenant_id, operation_id)
+        except (asyncpg.PostgresError, OSError, TimeoutError) as exc:
+            log.warning("event=conflict_check_skipped reason=%s", type(exc).__name__)
+            return None
+
+
 @dataclass(frozen=True)
 class Intake:
     """Everything ingress needs to accept work; holds verification keys and its signer only."""
@@ -64,6 +100,7 @@ class Intake:
     requests_topic: str
     proposals_topic: str
     publish_timeout_s: float
+    conflicts: ConflictCheck | None = None
 
     def authenticate(self, authorization: str | bytes | None) -> identity.Session:
         """Verify the caller's session token.
@@ -100,6 +137,35 @@ class Intake:
                  operation_id)
         return models.Accepted(operation_id=operation_id, tenant_id=session.tenant_id,
                                request_id=request_id)
+
+    async def refuse_known_conflict(self, session: identity.Session, body: models.ProposalBody,
+                                    key: str | None) -> None:
+        """Refuse, before anything is published, a keyed proposal whose operation id already
+        holds a command with other content (the ``IdempotencyConflict`` promise: HTTP 409).
+
+        The same digest admission stores (``canonical.request_hash`` over the fields as
+        submitted, which the allowlist's validation never rewrites). A resubmission with the
+        same content passes: admission answers it as a replay.
+
+        Raises:
+            errors.IdempotencyConflict: The operation holds a command with another hash.
+        """
+        if self.conflicts is None or key is None:
+            return
+        operation_id = self.operation_id(session, key)
+        held = await self.conflicts.held(session.tenant_id, operation_id)
+        if held is None:
+            return
+        digest = bytes.fromhex(identity.proposal_binding(
+            tenant_id=session.tenant_id, principal_id=session.principal_id, action=body.action,
+            target=body.target, arguments=body.arguments,
+            expected_revision=body.expected_revision).digest)
+        if not hmac.compare_digest(held, digest):
+            log.info("event=proposal_conflict tenant=%s operation_id=%s", session.tenant_id,
+                     operation_id)
+            raise errors.IdempotencyConflict(
+                "this Idempotency-Key was already used for a different proposal; nothing was "
+                "published (use a new key for new content)", operation_id=str(operation_id))
 
     async def submit_proposal(self, session: identity.Session, body: models.ProposalBody,
                               key: str | None, trace: Mapping[str, str | bytes], *,

@@ -13,6 +13,12 @@ class IngressSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AGENTLEDGER_INGRESS_", extra="ignore")
 
     kafka_bootstrap: str = Field(validation_alias="AGENTLEDGER_KAFKA_BOOTSTRAP")
+    # Optional: ingress' own login (role agentledger_ingress: one function, no table). With it
+    # a keyed resubmission whose content differs from the command its operation id already
+    # holds is answered 409 at once; without it (or when the ledger does not answer within
+    # `conflict_check_timeout_s`) it is accepted and admission answers `conflict`, as before.
+    database_url: str | None = Field(default=None, validation_alias="AGENTLEDGER_DATABASE_URL")
+    conflict_check_timeout_s: float = Field(default=1.0, gt=0, le=10)
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     # The identity provider's public keys as JSON {kid: PEM}; several allow key rotation.

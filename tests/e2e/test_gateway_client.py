@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 import pytest
 
 from agentledger import client as client_mod
+from agentledger import errors
 from agentledger.contracts import outcomes
 from tests.e2e.pipeline import Pipeline, pipeline
 from tests.stack import Stack
@@ -51,11 +52,18 @@ def test_a_changed_resubmission_is_told_its_conflict_never_the_originals_answer(
                                                  world.customer, idempotency_key=key)
                 done = await gw.await_outcome(first, since=since, timeout_s=60)
                 assert isinstance(done.outcome, outcomes.Succeeded), done
-                # Over Kafka half of the time: its answer is matched on the record's proposal id.
                 body = {"customer_id": world.customer, "body": f"changed {i}"}
-                changed = (await gw.publish_proposal("crm.note.create", body, world.customer, idempotency_key=key)
-                           if i % 2 else
-                           await gw.submit_proposal("crm.note.create", body, world.customer, idempotency_key=key))
+                if i % 2 == 0:
+                    # Over HTTP the conflict is knowable at once: ingress says 409 and
+                    # publishes nothing (issue 18 §2).
+                    with pytest.raises(errors.IdempotencyConflict):
+                        await gw.submit_proposal("crm.note.create", body, world.customer,
+                                                 idempotency_key=key)
+                    seen.append(("409", "409", "NoneType"))
+                    continue
+                # Over Kafka admission answers; matched on the record's proposal id.
+                changed = await gw.publish_proposal("crm.note.create", body, world.customer,
+                                                    idempotency_key=key)
                 assert changed.operation_id == first.operation_id and changed.proposal_id != first.proposal_id
                 at_admission = await gw.await_outcome(changed, since=since, until="admission", timeout_s=60)
                 at_outcome = await gw.await_outcome(changed, since=since, timeout_s=60)
@@ -66,4 +74,5 @@ def test_a_changed_resubmission_is_told_its_conflict_never_the_originals_answer(
             await gw.aclose()
         return seen
     seen = asyncio.run(runs())
-    assert seen == [("conflict", "conflict", "NoneType")] * RUNS, seen
+    assert seen == [("409", "409", "NoneType") if i % 2 == 0 else ("conflict", "conflict", "NoneType")
+                    for i in range(RUNS)], seen

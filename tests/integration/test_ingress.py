@@ -5,6 +5,7 @@ Assertions are on what is (and is not) on the topics, never only on status codes
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -16,13 +17,15 @@ from typing import Any
 
 import httpx
 import jwt
+import psycopg2
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from cryptography.hazmat.primitives import hashes, hmac, serialization
 
 from agentledger import client as client_mod
-from agentledger import identity
+from agentledger import identity, logins
 from agentledger.contracts import admission, outcomes, topics
+from agentledger.services.ingress import intake as intake_mod
 from tests.helpers import wait_until
 from tests.integration import processes
 from tests.stack import Stack
@@ -103,6 +106,9 @@ def world(stack: Stack, make_database: Callable[[], str], tmp_path_factory: pyte
             assert r.status_code == 201, r.text
             read_tokens[tenant] = r.json()["token"]
         suffix = uuid.uuid4().hex[:8]
+        # Ingress' own login to a ledger: one function, the request hash an operation holds.
+        ledger_url = make_database()
+        ingress_login = asyncio.run(logins.ensure(ledger_url, ("ingress",)))["ingress"]
         names = {"requests": f"agent.requests.t{suffix}.v1", "proposals": f"agent.proposals.t{suffix}.v1",
                  "gateway": f"gateway.proposals.t{suffix}.v1"}
         ingress_env = {
@@ -114,6 +120,7 @@ def world(stack: Stack, make_database: Callable[[], str], tmp_path_factory: pyte
             "AGENTLEDGER_INGRESS_PROPOSALS_TOPIC": names["proposals"],
             "AGENTLEDGER_INGRESS_GATEWAY_PROPOSALS_TOPIC": names["gateway"],
             "AGENTLEDGER_INGRESS_GROUP_ID": f"ingress-{suffix}", "AGENTLEDGER_INGRESS_PARTITIONS": "3",
+            "AGENTLEDGER_DATABASE_URL": ingress_login,
         }
         planner_env = {
             "AGENTLEDGER_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
@@ -131,6 +138,7 @@ def world(stack: Stack, make_database: Callable[[], str], tmp_path_factory: pyte
                                timeout=90):
             assert wait_until(processes.group_has_members(stack.kafka_bootstrap, f"ingress-{suffix}"), timeout=60)
             yield World(stack=stack, url=url, crm_url=crm_url, tenant_a=tenant_a, tenant_b=tenant_b,
+                        ledger_url=ledger_url,
                         read_tokens=read_tokens, idp_private=idp_private,
                         envelope_keys=identity.KeySet.from_pem({"ingress-1": envelope_public}), **names)
 
@@ -322,3 +330,57 @@ async def test_client_retries_keep_the_operation_and_await_reads_the_answers(
             await client.await_outcome(uuid.uuid4(), timeout_s=2)
     finally:
         await client.aclose()
+
+
+_COMMAND = """
+INSERT INTO agent_command (tenant_id, operation_id, request_hash, state, principal_id, action,
+  connector, resource_id, decision_id, policy_version, allowlist_version, expires_at,
+  payload_ciphertext, payload_key_version)
+VALUES (%s, %s, %s, 'pending', 'user:alice', 'crm.note.create', 'crm', 'cust-a', %s, 'p1',
+  'a1', now() + interval '1 hour', %s, 1)
+"""
+
+
+def test_a_changed_resubmission_of_an_admitted_key_is_409_and_publishes_nothing(world: World) -> None:
+    # Issue 18 §2: ingress said 202 and admission later said `conflict`, though the ledger
+    # already held the key's command with other content. Now: 409 at once, nothing published.
+    key, tenant = f"conflict-{uuid.uuid4().hex[:8]}", uuid.UUID(world.tenant_a)
+    op = identity.derive_operation_id(tenant, "user:alice", key)
+    first = {"action": "crm.note.create", "target": "cust-a",
+             "arguments": {"customer_id": "cust-a", "body": "the original"}}
+    digest = identity.proposal_binding(
+        tenant_id=tenant, principal_id="user:alice", action=first["action"], target="cust-a",
+        arguments=first["arguments"], expected_revision=None).digest
+    conn = psycopg2.connect(world.ledger_url)
+    try:
+        with conn, conn.cursor() as cur:  # the first submission, admitted
+            cur.execute(_COMMAND, (str(tenant), str(op), bytes.fromhex(digest), str(uuid.uuid4()),
+                                   b"\x00" * 16))
+    finally:
+        conn.close()
+    token = world.token()
+    changed = {**first, "arguments": {"customer_id": "cust-a", "body": "changed"}}
+    r = world.post("/v1/proposals", changed, token, **{"Idempotency-Key": key})
+    assert r.status_code == 409, r.text
+    assert r.json()["error"]["code"] == "idempotency_conflict"
+    same = world.post("/v1/proposals", first, token, **{"Idempotency-Key": key})
+    assert same.status_code == 202, same.text  # the same content: admission answers a replay
+    assert same.json()["operation_id"] == str(op)
+    other = world.post("/v1/proposals", changed, token, **{"Idempotency-Key": key + "-new"})
+    assert other.status_code == 202, other.text  # new content under a new key is new work
+    # Positive marker first (the later proposal is on the topic), then the absence.
+    find(world.stack.kafka_bootstrap, world.proposals,
+         lambda p: p["proposal_id"] == other.json()["proposal_id"])
+    published = [json.loads(m.value()) for m in read_all(world.stack.kafka_bootstrap, world.proposals)]
+    mine = [p for p in published if p["operation_id"] == str(op)]
+    assert [p["arguments"]["body"] for p in mine] == ["the original"], mine
+
+
+async def test_the_conflict_check_fails_open_when_the_ledger_does_not_answer() -> None:
+    # Admission stays the authority: a ledger that is away costs the early 409, never a request.
+    check = intake_mod.ConflictCheck(f"postgresql://x:y@127.0.0.1:{processes.free_port()}/none", 0.5)
+    await check.start()
+    try:
+        assert await check.held(uuid.uuid4(), uuid.uuid4()) is None
+    finally:
+        await check.close()

@@ -138,9 +138,10 @@ def launch(opts: Options, step: Step) -> World:
     url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     base = {"AGENTLEDGER_KAFKA_BOOTSTRAP": bootstrap, "AGENTLEDGER_MASTER_KEY": keys.master_key_b64}
     # Every service logs in as its own role, as in production — never as the ledger's owner,
-    # whose SET ROLE a RESET ROLE would undo (issue 17). Ingress needs no database at all.
+    # whose SET ROLE a RESET ROLE would undo (issue 17). Ingress' login may only ask which
+    # request hash an operation holds (its synchronous 409, migration 0021).
     login_urls = asyncio.run(logins.ensure(
-        ledger_url, ("admission", "executor", "reconciler", "relay", "console")))
+        ledger_url, ("admission", "executor", "reconciler", "relay", "console", "ingress")))
 
     step("starting the CRM stand-in and the fake model")
     first = [

@@ -109,3 +109,7 @@ WHERE (tenant_id, operation_id) IN (
   FOR UPDATE SKIP LOCKED
 )
 RETURNING tenant_id, operation_id;
+
+-- name: admitted_hash --
+-- The request hash an operation id holds, if any: ingress' one question (0021).
+SELECT agentledger_admitted_hash($1, $2);

@@ -234,6 +234,16 @@ async def recorded(conn: Conn, tenant_id: UUID, operation_id: UUID) -> Recorded:
     return Recorded.from_row(row)
 
 
+async def admitted_hash(conn: Conn, tenant_id: UUID, operation_id: UUID) -> bytes | None:
+    """The request hash of the command ``operation_id`` holds, ``None`` if it holds none.
+
+    Through ``agentledger_admitted_hash`` (0021), the only access ingress' role has: no
+    transaction or tenant setting is needed, and nothing but the digest leaves the ledger.
+    """
+    found = await conn.fetchval(Q["admitted_hash"], tenant_id, operation_id)
+    return bytes(found) if found is not None else None
+
+
 @dataclass(frozen=True)
 class StoredKey:
     """A tenant's wrapped data key as stored."""
