@@ -515,7 +515,12 @@ async def test_a_lookup_after_the_provider_forgot_the_key_never_resends(
         assert (await w.reconciler().sweep())[op] == "unknown"
         row = await w.row(t, op)
         assert row["state"] == "unknown" and "key retention" in row["outcome_reason"], dict(row)
-        assert (await w.reconciler().sweep())[op] == "unknown"  # looked up again, never resent
+        generation = row["fencing_generation"]
+        # Concluded past the retention: left to an operator — no new generation, no lookup,
+        # no resend on later passes (it used to take a generation each pass until the cap).
+        assert (await w.reconciler().sweep())[op] == "skipped"
+        row = await w.row(t, op)
+        assert (row["state"], row["fencing_generation"]) == ("unknown", generation)
         assert len(await w.effects(t, "note.created")) == 1  # never a second note
     finally:
         await short_crm.disarm()

@@ -141,6 +141,11 @@ class Reconciler:
         contract = connector.contract
         if state == "unknown" and not contract.lookup:
             return "skipped"  # waits for an operator; nothing automatic is safe
+        if state == "unknown":
+            async with self.pool.acquire() as conn:
+                before = await dispatch.attempts(conn, tenant_id, operation_id)
+            if dispatch.looked_up_past_retention(before, contract.retention):
+                return "skipped"  # concluded past the key's retention: an operator's now
         if state == "dispatching":
             async with self.pool.acquire() as conn:
                 before = await dispatch.attempts(conn, tenant_id, operation_id)

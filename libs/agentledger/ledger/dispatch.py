@@ -199,12 +199,28 @@ def past_retention(tried: Sequence[dict[str, Any]], retention: timedelta | None,
     if retention is None or not sent:
         return None
     first = min(sent)
-    margin = max(retention / 10, timedelta(seconds=1))
-    if (now or datetime.now(UTC)) < first + retention - margin:
+    if (now or datetime.now(UTC)) < _retention_edge(first, retention):
         return None
     return (f"the first send ({first.isoformat(timespec='seconds')}) is past the provider's "
             f"key retention ({retention}) less a margin: a resend could make a second effect "
             "and a lookup proves nothing; an operator must check the provider")[:500]
+
+
+def _retention_edge(first_sent: datetime, retention: timedelta) -> datetime:
+    """Where recovery by key stops: the retention window less a margin (a tenth, >= 1 s)."""
+    return first_sent + retention - max(retention / 10, timedelta(seconds=1))
+
+
+def looked_up_past_retention(tried: Sequence[dict[str, Any]],
+                             retention: timedelta | None) -> bool:
+    """Whether a reconciliation already looked this command up past the retention edge: its
+    verdict (``unknown``, for an operator) stands, and another lookup proves nothing — so
+    the reconciler leaves it alone instead of taking a new generation every pass."""
+    sent = [a["sent_at"] for a in tried if a.get("sent_at") is not None]
+    if retention is None or not sent:
+        return False
+    edge = _retention_edge(min(sent), retention)
+    return any(a["kind"] == "lookup" and a["started_at"] >= edge for a in tried)
 
 
 async def finish_attempt(conn: Conn, held: Claim, result: str, detail: str) -> None:
