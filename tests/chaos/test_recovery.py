@@ -4,11 +4,12 @@ lease, consumer-group rebalances mid-dispatch, and a broker restart (on a privat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 
 import psycopg2
@@ -46,18 +47,21 @@ def test_kill_the_reconciler_mid_lookup(chaos: Pipeline) -> None:
             report.redispatched_successes, report.unknowns) == (0, 0, 0, 0, 0), report
 
 
-def test_a_paused_worker_past_its_lease_cannot_finalize(chaos: Pipeline, tmp_path: object) -> None:
-    # Worker A stops itself (SIGSTOP) right after claiming; its lease expires; the reconciler
-    # takes over and requeues; worker B (same group) dispatches. Then A resumes: its pre-call
-    # check on the ledger finds the claim gone, so it never calls and is fenced out.
-    # B joins only once A has paused: while the note is on its way A is the group's only
-    # member, so A claims it whichever partition it lands on (never a race for the partition).
-    started, baseline = time.monotonic(), harness.effect_baseline(chaos)
+@contextlib.contextmanager
+def _stalled_worker_and_successor(
+    chaos: Pipeline, point: str, b_log: str
+) -> Iterator[tuple[processes.Service, processes.Service, int, dict[uuid.UUID, str], uuid.UUID]]:
+    """Worker A armed to stop itself (SIGSTOP) at ``point``, a note it claims, A stopped
+    there, then worker B started in the same group; A is resumed and B stopped on exit.
+
+    B joins only once A has paused: while the note is on its way A is the group's only
+    member, so A claims it whichever partition it lands on (never a race for the partition).
+    """
     a = chaos.services["executor-crm"]
-    harness.restart(chaos, "executor-crm", "executor.after_claim:pause:1")
+    harness.restart(chaos, "executor-crm", f"{point}:pause:1")
     b_env = {**a.env, "AGENTLEDGER_EXECUTOR_GROUP_INSTANCE_ID": "executor-crm-1"}
     b_env.pop("AGENTLEDGER_FAULT", None)
-    b = processes.Service(a.module, b_env, a.log.with_name("executor-crm-b.log"))
+    b = processes.Service(a.module, b_env, a.log.with_name(b_log))
     assert a.proc is not None
     pid = a.proc.pid
     try:
@@ -67,6 +71,21 @@ def test_a_paused_worker_past_its_lease_cannot_finalize(chaos: Pipeline, tmp_pat
             f"worker A never paused; {op} is {chaos.state(op)}\n"
             f"{harness.describe_group(chaos, 'executor-crm')}\n--- A\n{a.tail()}")
         b.start()
+        yield a, b, pid, ops, op
+    finally:
+        if _stopped(pid):
+            os.kill(pid, signal.SIGCONT)  # a stopped process ignores SIGTERM until resumed
+        b.stop()
+        harness.restart(chaos, "executor-crm", None)
+
+
+def test_a_paused_worker_past_its_lease_cannot_finalize(chaos: Pipeline, tmp_path: object) -> None:
+    # Worker A stops itself (SIGSTOP) right after claiming; its lease expires; the reconciler
+    # takes over and requeues; worker B (same group) dispatches. Then A resumes: its pre-call
+    # check on the ledger finds the claim gone, so it never calls and is fenced out.
+    started, baseline = time.monotonic(), harness.effect_baseline(chaos)
+    with _stalled_worker_and_successor(chaos, "executor.after_claim", "executor-crm-b.log") as (
+            a, b, pid, ops, op):
         state = chaos.wait_state(op, "succeeded", timeout=90)
         assert state[0] == "succeeded"
         os.kill(pid, signal.SIGCONT)
@@ -79,34 +98,19 @@ def test_a_paused_worker_past_its_lease_cannot_finalize(chaos: Pipeline, tmp_pat
         harness.save(report)
         assert (report.effects, report.duplicate_effects) == (1, 0), report
         assert chaos.state(op) == state  # A's late answer changed nothing
-    finally:
-        if _stopped(pid):
-            os.kill(pid, signal.SIGCONT)  # a stopped process ignores SIGTERM until resumed
-        b.stop()
-        harness.restart(chaos, "executor-crm", None)
 
 
 def test_a_worker_paused_after_its_pre_call_check_is_refused_by_the_crm(chaos: Pipeline) -> None:
     # Issue 18 §1: worker A passes its pre-call check, then stops (SIGSTOP at
     # executor.before_call) before its request leaves: no check on the ledger can stop it
-    # any more. Its lease (4 s, renewed to cover the 2 s call bound) runs out; the reconciler
+    # any more. Its lease (4 s, renewed to cover the 2 s call bound) runs out, and the
+    # reconciler waits a connector call bound more (a stalled holder may still send), then
     # looks the key up, finds nothing and requeues; worker B writes the note under a newer
     # generation. When A resumes, its request reaches the CRM with the old generation and the
     # CRM refuses it (409 stale_fencing_token): the storage rejects the stale writer.
     started, baseline = time.monotonic(), harness.effect_baseline(chaos)
-    a = chaos.services["executor-crm"]
-    harness.restart(chaos, "executor-crm", "executor.before_call:pause:1")
-    b_env = {**a.env, "AGENTLEDGER_EXECUTOR_GROUP_INSTANCE_ID": "executor-crm-1"}
-    b_env.pop("AGENTLEDGER_FAULT", None)
-    b = processes.Service(a.module, b_env, a.log.with_name("executor-crm-b-fenced.log"))
-    assert a.proc is not None
-    pid = a.proc.pid
-    try:
-        ops: dict[uuid.UUID, str] = {}
-        op = harness.note(chaos, ops)()
-        assert wait_until(lambda: _stopped(pid), timeout=60), (
-            f"worker A never paused; {op} is {chaos.state(op)}\n--- A\n{a.tail()}")
-        b.start()
+    with _stalled_worker_and_successor(chaos, "executor.before_call",
+                                       "executor-crm-b-fenced.log") as (a, _b, pid, ops, op):
         state = chaos.wait_state(op, "succeeded", timeout=90)
         os.kill(pid, signal.SIGCONT)
         assert wait_until(lambda: "event=fenced_by_provider" in a.log.read_text(errors="replace"),
@@ -126,11 +130,6 @@ def test_a_worker_paused_after_its_pre_call_check_is_refused_by_the_crm(chaos: P
             stale = cur.fetchall()
         assert [r[0] for r in stale] == ["abandoned"], stale
         assert "stale_fencing_token" in stale[0][1], stale
-    finally:
-        if _stopped(pid):
-            os.kill(pid, signal.SIGCONT)  # a stopped process ignores SIGTERM until resumed
-        b.stop()
-        harness.restart(chaos, "executor-crm", None)
 
 
 def test_a_restarted_worker_recovers_its_predecessors_claims_without_waiting_the_lease(

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
+import pytest
 
 from agentledger import admission, crypto
 from agentledger.approvals import repository as approvals
@@ -22,7 +24,7 @@ from agentledger.policy import allowlist
 from agentledger.policy import repository as policy_repo
 from agentledger.resources import MappingResolver
 from tests.integration import identities
-from tests.integration.crm.conftest import Crm
+from tests.integration.crm.conftest import Crm, run_crm
 
 RULES = allowlist.Allowlist.load()
 
@@ -141,3 +143,25 @@ async def close_world(w: World) -> None:
         await p.close()
     for c in w.connectors.values():
         await c.aclose()
+
+
+def fixtures(**crm_settings: str) -> tuple[Any, Any]:
+    """A module's ``crm`` (one CRM process with fault rules, ``crm_settings`` as its settings)
+    and ``world`` (a fresh world per test, fault rules disarmed after it) fixtures:
+    ``crm, world = executor_world.fixtures()`` at a test module's top level."""
+
+    @pytest.fixture(scope="module", name="crm")
+    def crm_fixture(make_database: Callable[[], str],
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[Crm]:
+        with run_crm(make_database(), tmp_path_factory.mktemp("crm"), faults_enabled="true",
+                     **crm_settings) as c:
+            yield c
+
+    @pytest.fixture(name="world")
+    async def world_fixture(crm: Crm, database_url: str) -> AsyncIterator[World]:
+        w = await open_world(crm, database_url)
+        yield w
+        await crm.disarm()
+        await close_world(w)
+
+    return crm_fixture, world_fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -14,8 +13,8 @@ import pytest
 from agentledger import errors, faults
 from agentledger.ledger import dispatch
 from tests.helpers import assert_eventually
-from tests.integration.crm.conftest import Crm, run_crm
-from tests.integration.executor_world import Tenant, World, close_world, open_world
+from tests.integration import executor_world
+from tests.integration.executor_world import Tenant, World
 
 NOTE = "crm.note.create"
 REFUND = "billing.refund.create"
@@ -24,20 +23,7 @@ REFUND = "billing.refund.create"
 RETENTION_S = 3.0
 
 
-@pytest.fixture(scope="module")
-def crm(make_database: Callable[[], str], tmp_path_factory: pytest.TempPathFactory
-        ) -> Iterator[Crm]:
-    with run_crm(make_database(), tmp_path_factory.mktemp("crm"), faults_enabled="true",
-                 idempotency_retention_seconds=str(RETENTION_S)) as c:
-        yield c
-
-
-@pytest.fixture
-async def world(crm: Crm, database_url: str) -> AsyncIterator[World]:
-    w = await open_world(crm, database_url)
-    yield w
-    await crm.disarm()
-    await close_world(w)
+crm, world = executor_world.fixtures(idempotency_retention_seconds=str(RETENTION_S))
 
 
 async def _claimed(world: World, t: Tenant, action: str, arguments: dict[str, Any],

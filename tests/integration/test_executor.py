@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -16,6 +16,7 @@ from agentledger import errors
 from agentledger.connectors import crm as crm_connectors
 from agentledger.ledger import dispatch, resolutions
 from tests.helpers import assert_eventually
+from tests.integration import executor_world
 from tests.integration.crm.conftest import Crm, run_crm
 from tests.integration.executor_world import World, close_world, open_world
 
@@ -28,18 +29,7 @@ REFUND_CALL_S = crm_connectors.BillingConnector.contract.call_timeout_s
 UNCHECKED: dict[str, Any] = {"receipt_check": "unchecked", "check_detail": "billing declares no lookup"}
 
 
-@pytest.fixture(scope="module")
-def crm(make_database: Callable[[], str], tmp_path_factory: pytest.TempPathFactory) -> object:
-    with run_crm(make_database(), tmp_path_factory.mktemp("crm"), faults_enabled="true") as c:
-        yield c
-
-
-@pytest.fixture
-async def world(crm: Crm, database_url: str) -> AsyncIterator[World]:
-    w = await open_world(crm, database_url)
-    yield w
-    await crm.disarm()
-    await close_world(w)
+crm, world = executor_world.fixtures()
 
 
 async def test_lost_response_on_a_keyed_note_yields_one_note_and_success(world: World) -> None:

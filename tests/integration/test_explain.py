@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
 
 import asyncpg
 import pytest
@@ -12,25 +11,14 @@ from agentledger import errors
 from agentledger.audit import explain as audit_explain
 from agentledger.ledger import resolutions
 from agentledger.policy import repository as policy_repo
-from tests.integration.crm.conftest import Crm, run_crm
-from tests.integration.executor_world import World, close_world, open_world
+from tests.integration import executor_world
+from tests.integration.executor_world import World
 
 NOTE, REFUND, CONTACT = "crm.note.create", "billing.refund.create", "crm.contact.update"
 REFUND_ARGS = {"invoice_id": "inv-3", "amount_minor": 4200, "currency": "EUR", "reason": "dented"}
 
 
-@pytest.fixture(scope="module")
-def crm(make_database: Callable[[], str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Crm]:
-    with run_crm(make_database(), tmp_path_factory.mktemp("crm"), faults_enabled="true") as c:
-        yield c
-
-
-@pytest.fixture
-async def world(crm: Crm, database_url: str) -> AsyncIterator[World]:
-    w = await open_world(crm, database_url)
-    yield w
-    await crm.disarm()
-    await close_world(w)
+crm, world = executor_world.fixtures()
 
 
 async def explain(database_url: str, tenant: uuid.UUID, op: uuid.UUID) -> audit_explain.Explanation:

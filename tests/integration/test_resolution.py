@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -22,27 +22,15 @@ from typer.testing import CliRunner
 
 from agentledger import cli, identity
 from agentledger.policy import repository as policy_repo
-from tests.integration import identities
-from tests.integration.crm.conftest import Crm, run_crm
-from tests.integration.executor_world import Tenant, World, close_world, open_world
+from tests.integration import executor_world, identities
+from tests.integration.executor_world import Tenant, World
 
 NOTE = "crm.note.create"
 REFUND = "billing.refund.create"
 OPERATOR = identities.OPERATOR
 
 
-@pytest.fixture(scope="module")
-def crm(make_database: Callable[[], str], tmp_path_factory: pytest.TempPathFactory) -> object:
-    with run_crm(make_database(), tmp_path_factory.mktemp("crm"), faults_enabled="true") as c:
-        yield c
-
-
-@pytest.fixture
-async def world(crm: Crm, database_url: str) -> AsyncIterator[World]:
-    w = await open_world(crm, database_url)
-    yield w
-    await crm.disarm()
-    await close_world(w)
+crm, world = executor_world.fixtures()
 
 
 async def tenant(world: World) -> Tenant:
