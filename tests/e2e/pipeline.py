@@ -209,6 +209,13 @@ async def _approve(database_url: str, tenant: uuid.UUID, op: uuid.UUID, approver
         await conn.close()
 
 
+def _delete_topics(bootstrap: str, ns: str) -> None:
+    # A client made at teardown, never one that lived through a broker restart: librdkafka
+    # can hang for ever destroying such a handle (seen in CI: rd_kafka_destroy joining a
+    # broker thread after the chaos tier's broker restart, the run stuck until its deadline).
+    relay_support.delete_namespace_topics(AdminClient({"bootstrap.servers": bootstrap}), ns)
+
+
 @contextmanager
 def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Path,
              *, executor_env: dict[str, str] | None = None,
@@ -221,7 +228,6 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
     and principals, known to admission and the console (for tenant-isolation tests)."""
     tag = uuid.uuid4().hex[:8]
     ns, slot = f"e2e{tag}.", f"e2e_{tag}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
     with ExitStack() as stack:
         crm = stack.enter_context(run_crm(crm_database_url, logs, faults_enabled="true"))
         tenant, customer = str(uuid.uuid4()), f"c-{tag}"
@@ -240,7 +246,7 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
             read_tokens[other] = asyncio.run(crm.token(other, "read"))
             asyncio.run(identities.put_principals(database_url, other, identities.DEFAULT_PRINCIPALS))
             p.others[other] = other_customer
-        stack.callback(relay_support.delete_namespace_topics, admin, ns)
+        stack.callback(_delete_topics, bootstrap, ns)
         stack.callback(relay_support.drop_slot, database_url, slot)
 
         def start(name: str, module: str, own: dict[str, str], ready: Any, timeout: float = 90) -> None:
