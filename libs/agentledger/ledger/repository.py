@@ -62,8 +62,11 @@ async def transaction(
         conn: a connection (from a pool or not); the caller owns it.
         tenant_id: the tenant for row-level security; ``None`` runs with no tenant bound
             (only cross-tenant roles such as retention or the relay see rows then).
-        timeout: seconds for the whole transaction, enforced client-side and as the
-            server's statement timeout.
+        timeout: seconds for the transaction's statements, enforced client-side and as
+            the server's statement timeout. Not for its COMMIT: a commit waiting for a
+            synchronous standby must wait. Cancelling that wait does not undo the commit,
+            it makes it visible on the primary alone, where a failover loses it after the
+            relay may have published it (issue 19).
 
     Raises:
         AccessDenied: privileges or row security refused a statement.
@@ -71,7 +74,7 @@ async def transaction(
         StorageError: any other database failure (retryable).
     """
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(timeout) as bound:
             async with conn.transaction(isolation="read_committed"):
                 await conn.execute(
                     "SELECT set_config('statement_timeout', $1, true)", f"{int(timeout * 1000)}ms"
@@ -79,6 +82,10 @@ async def transaction(
                 if tenant_id is not None:
                     await conn.execute(Q["bind_tenant"], str(tenant_id))
                 yield conn
+                # The COMMIT (leaving the block) may wait for the synchronous standby: no
+                # client-side cancel from here. (The server's statement timeout does not
+                # interrupt that wait; tests/integration/test_ledger_syncrep.py checks both.)
+                bound.reschedule(None)
     except asyncpg.PostgresError as exc:
         raise storage_error(exc) from exc
     except (TimeoutError, OSError, asyncpg.InterfaceError) as exc:
