@@ -63,7 +63,7 @@ def test_a_paused_worker_past_its_lease_cannot_finalize(chaos: Pipeline, tmp_pat
     try:
         ops: dict[uuid.UUID, str] = {}
         op = harness.note(chaos, ops)()
-        assert wait_until(lambda: _stopped(pid), timeout=60), (
+        assert wait_until(lambda: harness.stopped(pid), timeout=60), (
             f"worker A never paused; {op} is {chaos.state(op)}\n"
             f"{harness.describe_group(chaos, 'executor-crm')}\n--- A\n{a.tail()}")
         b.start()
@@ -80,7 +80,7 @@ def test_a_paused_worker_past_its_lease_cannot_finalize(chaos: Pipeline, tmp_pat
         assert (report.effects, report.duplicate_effects) == (1, 0), report
         assert chaos.state(op) == state  # A's late answer changed nothing
     finally:
-        if _stopped(pid):
+        if harness.stopped(pid):
             os.kill(pid, signal.SIGCONT)  # a stopped process ignores SIGTERM until resumed
         b.stop()
         harness.restart(chaos, "executor-crm", None)
@@ -104,7 +104,7 @@ def test_a_worker_paused_after_its_pre_call_check_is_refused_by_the_crm(chaos: P
     try:
         ops: dict[uuid.UUID, str] = {}
         op = harness.note(chaos, ops)()
-        assert wait_until(lambda: _stopped(pid), timeout=60), (
+        assert wait_until(lambda: harness.stopped(pid), timeout=60), (
             f"worker A never paused; {op} is {chaos.state(op)}\n--- A\n{a.tail()}")
         b.start()
         state = chaos.wait_state(op, "succeeded", timeout=90)
@@ -127,7 +127,7 @@ def test_a_worker_paused_after_its_pre_call_check_is_refused_by_the_crm(chaos: P
         assert [r[0] for r in stale] == ["abandoned"], stale
         assert "stale_fencing_token" in stale[0][1], stale
     finally:
-        if _stopped(pid):
+        if harness.stopped(pid):
             os.kill(pid, signal.SIGCONT)  # a stopped process ignores SIGTERM until resumed
         b.stop()
         harness.restart(chaos, "executor-crm", None)
@@ -181,14 +181,6 @@ def _finished_at(p: Pipeline, op: uuid.UUID) -> datetime:
         row = cur.fetchone()
     assert row is not None and row[0] is not None
     return row[0]
-
-
-def _stopped(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1].startswith("T")
-    except OSError:
-        return False
 
 
 def test_rebalance_mid_dispatch_loses_nothing_and_duplicates_nothing(chaos: Pipeline) -> None:
