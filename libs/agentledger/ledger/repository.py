@@ -49,6 +49,19 @@ def storage_error(exc: asyncpg.PostgresError) -> errors.StorageError:
     return errors.StorageError(str(exc), sqlstate=sqlstate)
 
 
+def driver_error(exc: BaseException) -> errors.StorageError | None:
+    """The storage error a driver or network failure raised outside ``transaction`` stands
+    for, or None when ``exc`` is neither: acquiring a pooled connection while the server is
+    down, restarting or being failed over (refused, reset, "the database system is starting
+    up"). Worth retrying, unless a privilege or the data itself was refused.
+    """
+    if isinstance(exc, asyncpg.PostgresError):
+        return storage_error(exc)
+    if isinstance(exc, OSError | asyncpg.InterfaceError):
+        return errors.StorageError(f"ledger unreachable: {exc!r}")
+    return None
+
+
 AdmitStatus = Literal["admitted", "replayed", "conflict"]
 
 
