@@ -117,6 +117,18 @@ def stopped(pid: int) -> bool:
         return False
 
 
+def pause_before_admit(p: Pipeline) -> int:
+    """Admission restarted to stop itself (SIGSTOP) before the COMMIT of its next admit, its
+    rows written (command, outbox); returns its pid once stopped. Later starts run clean."""
+    restart(p, "admission", "admission.before_commit:pause:1")
+    svc = p.services["admission"]
+    svc.env.pop("AGENTLEDGER_FAULT")
+    assert svc.proc is not None
+    pid = svc.proc.pid
+    assert wait_until(lambda: stopped(pid), timeout=90), f"admission never paused\n{svc.tail()}"
+    return pid
+
+
 def describe_group(p: Pipeline, name: str) -> str:
     """For a failure message: who is in the service's consumer group and which partitions each owns."""
     from confluent_kafka.admin import AdminClient
@@ -145,6 +157,11 @@ def states(p: Pipeline, ops: Iterable[uuid.UUID]) -> dict[uuid.UUID, tuple[str, 
             return {uuid.UUID(str(r[0])): (r[1], r[2]) for r in cur.fetchall()}
     finally:
         conn.close()
+
+
+def succeeded(p: Pipeline, ops: Iterable[uuid.UUID]) -> int:
+    """How many of ``ops`` the ledger records as succeeded."""
+    return len([s for s, _ in states(p, ops).values() if s == "succeeded"])
 
 
 def settle(p: Pipeline, ops: Iterable[uuid.UUID], timeout: float = SETTLE_S) -> bool:

@@ -18,14 +18,13 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from pathlib import Path
 
 import pytest
 
 from agentledger import logins
+from tests import syncrep
 from tests.chaos import harness
 from tests.e2e.pipeline import Pipeline, pipeline
 from tests.helpers import wait_until
@@ -67,7 +66,8 @@ def test_a_stall_past_the_relays_visibility_timeout(
     report = _standby_away(replicated, standby_pair, "standby stall past the relay's timeout",
                            standby_pair.stalled, LONG_AWAY_NOTES)
     # The relay gave up waiting and restarted from its slot (fail closed), at least once.
-    failed = len([line for line in _lines(relay, since) if "code=relay_not_visible " in line])
+    failed = len([line for line in syncrep.log_since(relay, since)
+                  if "code=relay_not_visible " in line])
     assert failed >= 1, replicated.services["relay"].tail()
     report.notes.append(f"relay sessions failed closed on an invisible transaction: {failed}")
     harness.save(report)
@@ -111,18 +111,18 @@ def _standby_away(p: Pipeline, pair: StandbyPair, point: str,
     since = relay.stat().st_size  # the relay's lines of this case start here
     with harness.SteadyLoad(p) as load:
         # The pipeline completes notes through the synchronous pair before the fault.
-        assert wait_until(lambda: _succeeded(p, load.ops()) >= 3, timeout=90), \
+        assert wait_until(lambda: harness.succeeded(p, load.ops()) >= 3, timeout=90), \
             harness.unsettled(p, load.ops())
         # Admission's first write per proposal is its budget reservation, so which of its
         # commits the absence catches is luck. To be sure one of them carries outbox rows
         # (what the relay decodes), admission stops itself just before an admit's COMMIT.
-        admission = _pause_before_admit(p)
+        admission = harness.pause_before_admit(p)
         try:
             with away():
                 away_since = time.monotonic()
                 os.kill(admission, signal.SIGCONT)  # its COMMIT now waits for the standby
                 # The relay decodes that commit (flushed) and holds it (invisible).
-                assert wait_until(lambda: bool(_held(_lines(relay, since))), timeout=60), \
+                assert wait_until(lambda: bool(syncrep.relay_holds(relay, since)), timeout=60), \
                     p.services["relay"].tail()
                 marked = load.proposed()
                 assert wait_until(lambda: load.proposed() >= marked + notes_away,
@@ -130,7 +130,7 @@ def _standby_away(p: Pipeline, pair: StandbyPair, point: str,
                 # Seconds into the absence: the commits still wait for the standby, the relay
                 # still holds what it decoded, and nothing proposed meanwhile is visible.
                 during = load.begun_after(away_since)
-                parked, held = pair.parked(), _held(_lines(relay, since))
+                parked, held = pair.parked(), syncrep.relay_holds(relay, since)
                 visible = harness.states(p, during)
                 away_s = time.monotonic() - away_since
                 admitting = logins.login_name("admission") + ":"
@@ -142,10 +142,10 @@ def _standby_away(p: Pipeline, pair: StandbyPair, point: str,
                 os.kill(admission, signal.SIGCONT)  # a stopped process would ignore SIGTERM
         # Back: the load goes on until notes proposed after the return have succeeded too.
         back = load.proposed()
-        assert wait_until(lambda: _succeeded(p, {o: "note" for o in list(load.ops())[back:]}) >= 3,
+        assert wait_until(lambda: harness.succeeded(p, list(load.ops())[back:]) >= 3,
                           timeout=120), harness.unsettled(p, load.ops())
     # The transactions the relay held became visible and went on (none was skipped).
-    assert held <= _released(_lines(relay, since)), (held, p.services["relay"].tail())
+    assert held <= syncrep.relay_released(relay, since), (held, p.services["relay"].tail())
     ops = load.ops()
     assert harness.settle(p, ops, timeout=180), harness.unsettled(p, ops)
     # The outbox drains, and every exec record was handled: only then is "no dead letter"
@@ -163,44 +163,9 @@ def _standby_away(p: Pipeline, pair: StandbyPair, point: str,
     return report
 
 
-def _pause_before_admit(p: Pipeline) -> int:
-    """Admission restarted to stop itself (SIGSTOP) before the COMMIT of its next admit, with
-    the transaction's rows written; returns its pid once stopped. Later starts run clean."""
-    harness.restart(p, "admission", "admission.before_commit:pause:1")
-    svc = p.services["admission"]
-    svc.env.pop("AGENTLEDGER_FAULT")
-    assert svc.proc is not None
-    pid = svc.proc.pid
-    assert wait_until(lambda: harness.stopped(pid), timeout=90), svc.tail()
-    return pid
-
-
 def _assert_clean(report: harness.PointReport) -> None:
     assert (report.duplicate_effects, report.invented_successes, report.lost_commands,
             report.redispatched_successes, report.missing_dead_letters,
             report.unknowns) == (0, 0, 0, 0, 0, 0), report
     assert report.effects == report.commands, report  # one note at the CRM per command
 
-
-def _succeeded(p: Pipeline, ops: dict[uuid.UUID, str]) -> int:
-    return len([s for s, _ in harness.states(p, ops).values() if s == "succeeded"])
-
-
-def _lines(log: Path, since: int) -> list[str]:
-    with log.open("rb") as f:
-        f.seek(since)
-        return f.read().decode(errors="replace").splitlines()
-
-
-def _xids(lines: list[str], event: str) -> set[str]:
-    return {w.split("=", 1)[1] for line in lines if f"event={event} " in line
-            for w in line.split() if w.startswith("xid=")}
-
-
-def _held(lines: list[str]) -> set[str]:
-    """Transactions the relay decoded and waits to see, not yet visible."""
-    return _xids(lines, "relay.visibility_wait") - _xids(lines, "relay.visible")
-
-
-def _released(lines: list[str]) -> set[str]:
-    return _xids(lines, "relay.visible")
