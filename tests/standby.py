@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg2
 import pytest
@@ -102,13 +103,21 @@ class StandbyPair:
             conn.close()
 
 
-def _one(url: str, sql: str, args: tuple[object, ...]) -> tuple[object, ...] | None:
+    def parked_s(self, login: str) -> float:
+        """How long (server clock) the longest commit of ``login`` has waited for the standby."""
+        row = _one(self.primary_url,
+                   "SELECT coalesce(max(extract(epoch FROM clock_timestamp() - query_start)), 0) "
+                   "FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND usename = %s", (login,))
+        return float(row[0]) if row else 0.0
+
+
+def _one(url: str, sql: str, args: tuple[object, ...]) -> tuple[Any, ...] | None:
     conn = psycopg2.connect(url, connect_timeout=5)
     conn.autocommit = True  # read only: never a commit that would itself wait for the standby
     try:
         with conn.cursor() as cur:
             cur.execute(sql, args)
-            row: tuple[object, ...] | None = cur.fetchone()
+            row: tuple[Any, ...] | None = cur.fetchone()
             return row
     finally:
         conn.close()

@@ -76,7 +76,3 @@ def relay_holds(log: Path, offset: int) -> set[str]:
     lines = log_since(log, offset)
     return _xids(lines, "relay.visibility_wait") - _xids(lines, "relay.visible")
 
-
-def relay_released(log: Path, offset: int) -> set[str]:
-    """Transactions the relay saw become visible after ``offset``."""
-    return _xids(log_since(log, offset), "relay.visible")

@@ -245,6 +245,14 @@ def exec_lag(p: Pipeline) -> int:
     return lag
 
 
+def published_xids(p: Pipeline) -> set[str]:
+    """The transactions the pipeline's exec records came from (the relay's ``xid`` header),
+    every record read to the end offset."""
+    records = kafka_read.read_to_end(p.bootstrap, [p.topic(f"exec.{c}.v1") for c in ("crm", "billing")])
+    return {value.decode() for m in records for name, value in (m.headers() or [])
+            if name == "xid" and isinstance(value, bytes)}
+
+
 def outbox_rows(p: Pipeline) -> int:
     """Rows still owed to Kafka: the relay's outboxes drain once everything is published."""
     conn = psycopg2.connect(p.database_url)

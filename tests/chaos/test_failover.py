@@ -21,6 +21,8 @@ from urllib.parse import urlsplit
 import psycopg2
 import pytest
 
+from agentledger import logins
+from agentledger.ledger import repository
 from tests import syncrep
 from tests.chaos import harness
 from tests.e2e.pipeline import Pipeline, pipeline, slot_active
@@ -61,6 +63,12 @@ def test_failover_to_the_synchronous_standby_loses_nothing_and_runs_nothing_twic
                 # admit waits on SyncRep.
                 assert wait_until(lambda: bool(syncrep.relay_holds(relay, since)), timeout=60), \
                     p.services["relay"].tail()
+                # Past a ledger transaction's own bound, which used to cancel the wait and
+                # make the commit visible (and published) on the primary alone (issue 19).
+                login = logins.login_name("admission")
+                assert wait_until(
+                    lambda: pair.parked_s(login) > repository.DEFAULT_TX_TIMEOUT_S + 1,
+                    timeout=60), pair.parked()
                 parked = pair.parked()
                 assert any("command_outbox" in w for w in parked), parked
                 held = syncrep.relay_holds(relay, since)
@@ -69,6 +77,9 @@ def test_failover_to_the_synchronous_standby_loses_nothing_and_runs_nothing_twic
         finally:
             if harness.stopped(admission):
                 os.kill(admission, signal.SIGCONT)
+        # The relay died with the primary still holding them: none of its records came
+        # from a transaction the standby may not have.
+        assert not held & harness.published_xids(p), held
         old_url = p.database_url
         pair.standby("promote")
         assert _in_recovery(pair.standby_url) is False

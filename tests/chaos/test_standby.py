@@ -24,6 +24,7 @@ from contextlib import AbstractContextManager, contextmanager
 import pytest
 
 from agentledger import logins
+from agentledger.ledger import repository
 from tests import syncrep
 from tests.chaos import harness
 from tests.e2e.pipeline import Pipeline, pipeline
@@ -31,12 +32,11 @@ from tests.helpers import wait_until
 from tests.stack import Stack
 from tests.standby import StandbyPair
 
-# Notes the load proposes while the standby is away: at most 4/s, so 6 s or more, longer
-# than the executors' 4 s lease and the reconciler's 3 s, shorter than the relay's 30 s wait.
-AWAY_NOTES = 24
-# The long stall outlasts the relay's visibility timeout (30 s): its session fails closed
-# and streams the parked transactions again (36 s or more).
-LONG_AWAY_NOTES = 144
+# The standby stays away until admission's parked commit has waited longer than a ledger
+# transaction's own bound (5 s): the bound that used to cancel the wait and make the commit
+# visible on the primary alone (issue 19). And until the load proposed a few notes meanwhile.
+PAST_TX_TIMEOUT_S = repository.DEFAULT_TX_TIMEOUT_S + 1
+AWAY_NOTES = 5
 # Kill/restart cycles: `make chaos N=200` runs 20.
 CYCLES = max(1, harness.KILLS // 10)
 
@@ -54,7 +54,7 @@ def replicated(stack: Stack, make_database: Callable[[], str], standby_pair: Sta
 def test_a_stalled_standby_parks_commits_and_nothing_is_lost(
         replicated: Pipeline, standby_pair: StandbyPair) -> None:
     report = _standby_away(replicated, standby_pair, "standby stall (SIGSTOP)",
-                           standby_pair.stalled, AWAY_NOTES)
+                           standby_pair.stalled, _parked_past(standby_pair, PAST_TX_TIMEOUT_S))
     _assert_clean(report)
 
 
@@ -63,12 +63,14 @@ def test_a_stall_past_the_relays_visibility_timeout(
         replicated: Pipeline, standby_pair: StandbyPair) -> None:
     relay = replicated.services["relay"].log
     since = relay.stat().st_size
+
+    def failed_closed() -> int:
+        return len([line for line in syncrep.log_since(relay, since)
+                    if "code=relay_not_visible " in line])
+    # Away until the relay gave up waiting (30 s) and restarted from its slot (fail closed).
     report = _standby_away(replicated, standby_pair, "standby stall past the relay's timeout",
-                           standby_pair.stalled, LONG_AWAY_NOTES)
-    # The relay gave up waiting and restarted from its slot (fail closed), at least once.
-    failed = len([line for line in syncrep.log_since(relay, since)
-                  if "code=relay_not_visible " in line])
-    assert failed >= 1, replicated.services["relay"].tail()
+                           standby_pair.stalled, lambda: failed_closed() >= 1, timeout=120)
+    failed = failed_closed()
     report.notes.append(f"relay sessions failed closed on an invisible transaction: {failed}")
     harness.save(report)
     _assert_clean(report)
@@ -87,8 +89,8 @@ def test_a_killed_standby_restarts_and_nothing_is_lost(
 
     total = harness.PointReport("standby kill + restart")
     for _ in range(CYCLES):
-        report = _standby_away(replicated, standby_pair, total.point, killed, AWAY_NOTES,
-                               save=False)
+        report = _standby_away(replicated, standby_pair, total.point, killed,
+                               _parked_past(standby_pair, PAST_TX_TIMEOUT_S), save=False)
         _assert_clean(report)
         for name in ("commands", "effects", "unknowns", "missing_dead_letters"):
             setattr(total, name, getattr(total, name) + getattr(report, name))
@@ -100,10 +102,10 @@ def test_a_killed_standby_restarts_and_nothing_is_lost(
 
 
 def _standby_away(p: Pipeline, pair: StandbyPair, point: str,
-                  away: Callable[[], AbstractContextManager[object]], notes_away: int,
-                  *, save: bool = True) -> harness.PointReport:
-    """Steady load; the standby away while the load proposes ``notes_away`` notes; back; then
-    the invariants, counted into the report."""
+                  away: Callable[[], AbstractContextManager[object]], until: Callable[[], bool],
+                  *, timeout: float = 60, save: bool = True) -> harness.PointReport:
+    """Steady load; the standby away until ``until()`` holds and the load has proposed
+    ``AWAY_NOTES`` notes meanwhile; back; then the invariants, counted into the report."""
     started, baseline = time.monotonic(), harness.effect_baseline(p)
     report = harness.PointReport(point, kills=1)
     assert pair.replication() == ("streaming", "sync"), pair.replication()
@@ -125,8 +127,8 @@ def _standby_away(p: Pipeline, pair: StandbyPair, point: str,
                 assert wait_until(lambda: bool(syncrep.relay_holds(relay, since)), timeout=60), \
                     p.services["relay"].tail()
                 marked = load.proposed()
-                assert wait_until(lambda: load.proposed() >= marked + notes_away,
-                                  timeout=notes_away * 2), "the load stopped"
+                assert wait_until(lambda: load.proposed() >= marked + AWAY_NOTES and until(),
+                                  timeout=timeout), (load.proposed() - marked, pair.parked())
                 # Seconds into the absence: the commits still wait for the standby, the relay
                 # still holds what it decoded, and nothing proposed meanwhile is visible.
                 during = load.begun_after(away_since)
@@ -144,10 +146,11 @@ def _standby_away(p: Pipeline, pair: StandbyPair, point: str,
         back = load.proposed()
         assert wait_until(lambda: harness.succeeded(p, list(load.ops())[back:]) >= 3,
                           timeout=120), harness.unsettled(p, load.ops())
-    # The transactions the relay held became visible and went on (none was skipped).
-    assert held <= syncrep.relay_released(relay, since), (held, p.services["relay"].tail())
     ops = load.ops()
     assert harness.settle(p, ops, timeout=180), harness.unsettled(p, ops)
+    # What the relay held while the standby was away was published once it was back (an
+    # admit's exec record carries its transaction's xid).
+    assert held <= harness.published_xids(p), (held, p.services["relay"].tail())
     # The outbox drains, and every exec record was handled: only then is "no dead letter"
     # a finding rather than a reader that looked too early.
     assert wait_until(lambda: harness.outbox_rows(p) == 0, timeout=120), harness.outbox_rows(p)
@@ -157,10 +160,14 @@ def _standby_away(p: Pipeline, pair: StandbyPair, point: str,
     report.notes = [f"away {away_s:.0f} s; {len(during)} notes proposed meanwhile, none visible "
                     "until the return",
                     f"at the return: waiting on SyncRep {parked}; relay holding xids "
-                    f"{sorted(held)}, released after", "outbox drained, exec lag 0"]
+                    f"{sorted(held)}, published after", "outbox drained, exec lag 0"]
     if save:
         harness.save(report)
     return report
+
+
+def _parked_past(pair: StandbyPair, seconds: float) -> Callable[[], bool]:
+    return lambda: pair.parked_s(logins.login_name("admission")) > seconds
 
 
 def _assert_clean(report: harness.PointReport) -> None:
