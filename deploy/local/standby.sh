@@ -34,6 +34,7 @@ replication() {
 streaming() { case "$(replication)" in streaming*) return 0 ;; *) return 1 ;; esac; }
 is_sync() { [ "$(replication)" = "streaming sync" ]; }
 
+named_sync() { [ "$(psql_ postgres -c "show synchronous_standby_names")" = "$NAME" ]; }
 names_none() { [ -z "$(psql_ postgres -c "show synchronous_standby_names")" ]; }
 not_in_recovery() { [ "$(spsql postgres -c "select pg_is_in_recovery()")" = f ]; }
 
@@ -94,6 +95,10 @@ start() {
   if [ -f "$SDATA/standby.signal" ]; then
     wait_until 60 "streaming" streaming \
       || { tail -n 30 "$SDIR/log/server.log" >&2; die "the standby is not streaming from the primary"; }
+    # Back in its role: a synchronous standby reports `sync` once it has caught up.
+    if named_sync; then
+      wait_until 60 "sync" is_sync || die "the standby did not become synchronous again: '$(replication)'"
+    fi
     log "streaming: $(replication)"
   else
     log "promoted earlier: running as a primary"
