@@ -47,5 +47,5 @@ lint: bootstrap ## ruff + mypy (strict)
 	@.venv/bin/ruff check libs services tests
 	@.venv/bin/mypy
 
-chaos: bootstrap ## Kill real services at every fault point N times each (default 20; `make chaos N=200`)
-	@AGENTLEDGER_CHAOS_N=$(or $(N),20) $(PY) -m pytest tests/chaos -p no:cacheprovider --timeout=7200
+chaos: bootstrap ## Kill real services at every fault point N times each (default 20; `make chaos N=200`), plus the long standby and failover cases
+	@AGENTLEDGER_CHAOS_N=$(or $(N),20) AGENTLEDGER_CHAOS_LONG=1 $(PY) -m pytest tests/chaos -p no:cacheprovider --timeout=7200

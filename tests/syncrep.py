@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg2
 
@@ -55,3 +56,23 @@ def release(url: str) -> None:
     """Back to no synchronous standby: every parked commit completes."""
     _apply(url, ["ALTER SYSTEM RESET synchronous_standby_names",
                  "ALTER SYSTEM RESET synchronous_commit"], "")
+
+
+def log_since(log: Path, offset: int) -> list[str]:
+    """The lines a service wrote to ``log`` after byte ``offset`` (its size at some moment)."""
+    with log.open("rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace").splitlines()
+
+
+def _xids(lines: list[str], event: str) -> set[str]:
+    return {w.split("=", 1)[1] for line in lines if f"event={event} " in line
+            for w in line.split() if w.startswith("xid=")}
+
+
+def relay_holds(log: Path, offset: int) -> set[str]:
+    """Transactions the relay decoded (their commit is flushed) and still waits to see: a
+    ``relay.visibility_wait`` after ``offset`` with no ``relay.visible`` yet."""
+    lines = log_since(log, offset)
+    return _xids(lines, "relay.visibility_wait") - _xids(lines, "relay.visible")
+

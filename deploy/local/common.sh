@@ -7,6 +7,8 @@ LOCAL="${AGENTLEDGER_LOCAL_DIR:-$ROOT/.local}"
 KAFKA_PORT="${AGENTLEDGER_KAFKA_PORT:-19092}"
 KAFKA_CONTROLLER_PORT="${AGENTLEDGER_KAFKA_CONTROLLER_PORT:-19093}"
 PG_PORT="${AGENTLEDGER_PG_PORT:-55432}"
+# The physical standby of deploy/local/standby.sh, next to the primary by default.
+PG_STANDBY_PORT="${AGENTLEDGER_PG_STANDBY_PORT:-$((PG_PORT + 1))}"
 PG_USER=agentledger
 PG_PASSWORD=agentledger
 PG_DB=agentledger

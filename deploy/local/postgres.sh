@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # PostgreSQL 15 from Debian packages, own cluster under .local/pg (or PG_HOME_ROOT, below),
 # run as a non-root user, non-default port, wal_level=logical for the relay.
-# Usage: postgres.sh start|stop|status|where   (where: print the cluster's directory)
+# Usage: postgres.sh start|stop [fast|immediate]|status|where   (where: print the cluster's directory)
 source "$(dirname "$0")/common.sh"
 
 # Absolute: as root the tools run from / (see as_pg), so a relative path would point elsewhere.
@@ -116,11 +116,14 @@ start() {
   log "ready: $(ready)"
 }
 
+# stop immediate: a crash (no shutdown checkpoint; recovery at the next start).
 stop() {
+  local mode=${1:-fast}
+  case "$mode" in fast|immediate) ;; *) die "stop mode must be fast or immediate" ;; esac
   locate
   if [ -f "$DATA/postmaster.pid" ]; then
-    log "stopping PostgreSQL"
-    as_pg "$PG_BIN/pg_ctl" -D "$DATA" -m fast -w -t 60 stop >&2 || true
+    log "stopping PostgreSQL ($mode)"
+    as_pg "$PG_BIN/pg_ctl" -D "$DATA" -m "$mode" -w -t 60 stop >&2 || true
   fi
 }
 
@@ -128,8 +131,11 @@ status() {
   if out=$(ready 2>&1); then echo "postgres: up 127.0.0.1:$PG_PORT $out"; else echo "postgres: down"; return 1; fi
 }
 
-case "${1:-}" in
-  start) start ;; stop) stop ;; status) status ;;
-  where) locate; echo "$PGDIR" ;;
-  *) echo "usage: $0 start|stop|status|where" >&2; exit 2 ;;
-esac
+# Sourced by standby.sh for the functions above; run, it manages the primary.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  case "${1:-}" in
+    start) start ;; stop) stop "${2:-fast}" ;; status) status ;;
+    where) locate; echo "$PGDIR" ;;
+    *) echo "usage: $0 start|stop [fast|immediate]|status|where" >&2; exit 2 ;;
+  esac
+fi

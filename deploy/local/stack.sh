@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The local stack: Kafka + PostgreSQL as plain processes. Idempotent.
 # Usage: stack.sh up|down|status
+# AGENTLEDGER_PG_STANDBY=sync (or async) also starts a physical standby (standby.sh).
 source "$(dirname "$0")/common.sh"
 HERE="$(dirname "$0")"
+STANDBY="${AGENTLEDGER_PG_STANDBY:-}"
 
 write_env() {
   mkdir -p "$LOCAL"
@@ -13,19 +15,31 @@ export AGENTLEDGER_KAFKA_BOOTSTRAP=127.0.0.1:$KAFKA_PORT
 ENV
 }
 
+# Whether a standby was ever built for this stack (down and status then include it).
+has_standby() { [ -d "$("$HERE/standby.sh" where)/data" ]; }
+
 case "${1:-}" in
   up)
     "$HERE/postgres.sh" start
+    case "$STANDBY" in
+      "") ;;
+      sync) "$HERE/standby.sh" start && "$HERE/standby.sh" sync ;;
+      async) "$HERE/standby.sh" start && "$HERE/standby.sh" async ;;
+      *) die "AGENTLEDGER_PG_STANDBY must be sync, async or empty" ;;
+    esac
     "$HERE/kafka.sh" start
     write_env
     ;;
   down)
     "$HERE/kafka.sh" stop
     "$HERE/postgres.sh" stop
+    # After the primary: a fast shutdown sends its last WAL to the standby first.
+    "$HERE/standby.sh" stop
     ;;
   status)
     rc=0
     "$HERE/postgres.sh" status || rc=1
+    if has_standby; then "$HERE/standby.sh" status || rc=1; fi
     "$HERE/kafka.sh" status || rc=1
     exit $rc
     ;;

@@ -10,6 +10,7 @@ import pytest
 from tests.chaos import harness
 from tests.e2e.pipeline import Pipeline, pipeline
 from tests.stack import Stack
+from tests.standby import standby_pair  # noqa: F401 - a fixture of the standby cases
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -67,13 +67,13 @@ def _stalled_worker_and_successor(
     try:
         ops: dict[uuid.UUID, str] = {}
         op = harness.note(chaos, ops)()
-        assert wait_until(lambda: _stopped(pid), timeout=60), (
+        assert wait_until(lambda: harness.stopped(pid), timeout=60), (
             f"worker A never paused; {op} is {chaos.state(op)}\n"
             f"{harness.describe_group(chaos, 'executor-crm')}\n--- A\n{a.tail()}")
         b.start()
         yield a, b, pid, ops, op
     finally:
-        if _stopped(pid):
+        if harness.stopped(pid):
             os.kill(pid, signal.SIGCONT)  # a stopped process ignores SIGTERM until resumed
         b.stop()
         harness.restart(chaos, "executor-crm", None)
@@ -180,14 +180,6 @@ def _finished_at(p: Pipeline, op: uuid.UUID) -> datetime:
         row = cur.fetchone()
     assert row is not None and row[0] is not None
     return row[0]
-
-
-def _stopped(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1].startswith("T")
-    except OSError:
-        return False
 
 
 def test_rebalance_mid_dispatch_loses_nothing_and_duplicates_nothing(chaos: Pipeline) -> None:

@@ -15,6 +15,7 @@ import pytest
 from agentledger import errors
 from agentledger.kafka import handling
 from agentledger.ledger import repository
+from tests.integration import processes
 
 
 @pytest.mark.parametrize(("statement", "args", "sqlstate"), [
@@ -52,3 +53,34 @@ async def test_a_refused_privilege_is_final_and_not_data(as_role: object) -> Non
         async with repository.transaction(conn, None) as tx:
             await tx.fetchval("SELECT count(*) FROM agent_command")
     assert denied.value.retryable is False and denied.value.details["sqlstate"] == "42501"
+
+
+async def test_a_ledger_that_refuses_connections_is_worth_retrying_not_poison() -> None:
+    # Issue 19, found by the failover drill: while the primary was down, admission's
+    # `pool.acquire()` (outside any transaction) raised ConnectionRefusedError, which the
+    # handlers took for a bug: the proposal was dead-lettered and acked — lost — and so was an
+    # executor's exec record. A ledger that cannot be reached is an outage: redeliver.
+    port = processes.free_port()  # nothing listens there
+    pool = await asyncpg.create_pool(f"postgresql://x:y@127.0.0.1:{port}/z", min_size=0, max_size=1)
+    try:
+        with pytest.raises(OSError) as refused:
+            async with pool.acquire():
+                pass
+    finally:
+        await pool.close()
+    error = handling.classify(refused.value)
+    assert isinstance(error, errors.StorageError) and error.retryable is True
+
+
+@pytest.mark.parametrize("exc", [
+    asyncpg.CannotConnectNowError("the database system is starting up"),  # 57P03, mid-failover
+    asyncpg.exceptions.ConnectionDoesNotExistError("connection was closed in the middle of operation"),
+    ConnectionResetError(104, "Connection reset by peer"),
+])
+def test_connection_failures_outside_a_transaction_are_worth_retrying(exc: BaseException) -> None:
+    error = handling.classify(exc)
+    assert isinstance(error, errors.StorageError) and error.retryable is True
+
+
+def test_a_bug_is_still_a_bug() -> None:
+    assert handling.classify(KeyError("x")).retryable is False

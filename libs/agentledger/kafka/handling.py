@@ -21,6 +21,7 @@ from faststream.confluent.annotations import KafkaMessage
 
 from agentledger import errors
 from agentledger.contracts import dlq, topics
+from agentledger.ledger import repository
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,11 @@ def classify(exc: BaseException) -> errors.AgentLedgerError:
         return exc
     if isinstance(exc, pydantic.ValidationError | UnicodeDecodeError | ValueError):
         return errors.PoisonMessage(_summary(exc))
+    # A ledger that cannot be reached (a pooled connection acquired while Postgres is down or
+    # failing over) is an outage to wait out, not a poison message (issue 19).
+    unreachable = repository.driver_error(exc)
+    if unreachable is not None:
+        return unreachable
     return errors.AgentLedgerError(f"unexpected {type(exc).__name__} while handling")
 
 

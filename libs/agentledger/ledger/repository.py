@@ -49,6 +49,19 @@ def storage_error(exc: asyncpg.PostgresError) -> errors.StorageError:
     return errors.StorageError(str(exc), sqlstate=sqlstate)
 
 
+def driver_error(exc: BaseException) -> errors.StorageError | None:
+    """The storage error a driver or network failure raised outside ``transaction`` stands
+    for, or None when ``exc`` is neither: acquiring a pooled connection while the server is
+    down, restarting or being failed over (refused, reset, "the database system is starting
+    up"). Worth retrying, unless a privilege or the data itself was refused.
+    """
+    if isinstance(exc, asyncpg.PostgresError):
+        return storage_error(exc)
+    if isinstance(exc, OSError | asyncpg.InterfaceError):
+        return errors.StorageError(f"ledger unreachable: {exc!r}")
+    return None
+
+
 AdmitStatus = Literal["admitted", "replayed", "conflict"]
 
 
@@ -62,8 +75,11 @@ async def transaction(
         conn: a connection (from a pool or not); the caller owns it.
         tenant_id: the tenant for row-level security; ``None`` runs with no tenant bound
             (only cross-tenant roles such as retention or the relay see rows then).
-        timeout: seconds for the whole transaction, enforced client-side and as the
-            server's statement timeout.
+        timeout: seconds for the transaction's statements, enforced client-side and as
+            the server's statement timeout. Not for its COMMIT: a commit waiting for a
+            synchronous standby must wait. Cancelling that wait does not undo the commit,
+            it makes it visible on the primary alone, where a failover loses it after the
+            relay may have published it (issue 19).
 
     Raises:
         AccessDenied: privileges or row security refused a statement.
@@ -71,7 +87,7 @@ async def transaction(
         StorageError: any other database failure (retryable).
     """
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(timeout) as bound:
             async with conn.transaction(isolation="read_committed"):
                 await conn.execute(
                     "SELECT set_config('statement_timeout', $1, true)", f"{int(timeout * 1000)}ms"
@@ -79,6 +95,10 @@ async def transaction(
                 if tenant_id is not None:
                     await conn.execute(Q["bind_tenant"], str(tenant_id))
                 yield conn
+                # The COMMIT (leaving the block) may wait for the synchronous standby: no
+                # client-side cancel from here. (The server's statement timeout does not
+                # interrupt that wait; tests/integration/test_ledger_syncrep.py checks both.)
+                bound.reschedule(None)
     except asyncpg.PostgresError as exc:
         raise storage_error(exc) from exc
     except (TimeoutError, OSError, asyncpg.InterfaceError) as exc:
