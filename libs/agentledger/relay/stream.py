@@ -34,6 +34,8 @@ from agentledger.relay import (
 )
 
 log = logging.getLogger(__name__)
+# A streamed transaction still invisible after this long is worth a log line (a standby away).
+VISIBILITY_NOTICE_S = 1.0
 
 
 class _Session:
@@ -243,16 +245,26 @@ class Relay:
         s.records += 1
 
     def _wait_visible(self, ctrl: Any, xid: int) -> None:
-        """Hold a streamed transaction until other sessions can see it (fail closed)."""
+        """Hold a streamed transaction until other sessions can see it (fail closed).
+
+        Under synchronous replication nearly every transaction waits a few milliseconds (the
+        standby's round trip): routine, so only a wait past ``VISIBILITY_NOTICE_S`` is logged
+        (``relay.visibility_wait``, then ``relay.visible`` with how long it took).
+        """
         if repository.visible(ctrl, xid):
             return
-        log.warning("event=relay.visibility_wait xid=%d", xid)
-        deadline, pause = time.monotonic() + self.opts.visibility_timeout, 0.005
+        started = time.monotonic()
+        deadline, pause, noticed = started + self.opts.visibility_timeout, 0.005, False
         while time.monotonic() < deadline:
             time.sleep(pause)  # polling a commit we cannot be notified of; bounded by deadline
             if repository.visible(ctrl, xid):
-                log.info("event=relay.visible xid=%d", xid)
+                if noticed:
+                    log.info("event=relay.visible xid=%d waited_ms=%d", xid,
+                             (time.monotonic() - started) * 1000)
                 return
+            if not noticed and time.monotonic() - started >= VISIBILITY_NOTICE_S:
+                log.warning("event=relay.visibility_wait xid=%d", xid)
+                noticed = True
             pause = min(pause * 2, 0.5)
         raise errors.NotVisibleYet("a streamed transaction is still invisible; restarting",
                                    xid=xid, waited_s=self.opts.visibility_timeout)
