@@ -12,8 +12,8 @@ help: ## List the targets
 bootstrap: ## Install system packages (Java, Maven, PostgreSQL) and the Python env (.venv)
 	@bash deploy/local/bootstrap.sh
 
-up: bootstrap ## Start Kafka (KRaft) and PostgreSQL as local processes; writes .local/env
-	@bash deploy/local/stack.sh up
+up: bootstrap ## Start Kafka (KRaft) and PostgreSQL as local processes; writes .local/env (`make up KAFKA_BROKERS=3`: a 3-broker cluster)
+	@AGENTLEDGER_KAFKA_BROKERS=$(or $(KAFKA_BROKERS),$(AGENTLEDGER_KAFKA_BROKERS)) bash deploy/local/stack.sh up
 
 down: ## Stop the demo's services, then the local Kafka and PostgreSQL
 	@if [ -x .venv/bin/agentledger ]; then .venv/bin/agentledger down; \
