@@ -48,4 +48,4 @@ lint: bootstrap ## ruff + mypy (strict)
 	@.venv/bin/mypy
 
 chaos: bootstrap ## Kill real services at every fault point N times each (default 20; `make chaos N=200`)
-	@AGENTLEDGER_CHAOS_N=$(or $(N),20) $(PY) -m pytest tests/chaos -p no:cacheprovider --timeout=7200
+	@AGENTLEDGER_CHAOS_N=$(or $(N),20) AGENTLEDGER_CHAOS_FULL=1 $(PY) -m pytest tests/chaos -p no:cacheprovider --timeout=7200

@@ -96,8 +96,9 @@ launch() {  # launch ID: start the node's JVM (no wait)
   echo $! > "$(pidfile "$id")"
 }
 
-tools() {  # the quorum describer, compiled once per checkout of Quorum.java
-  local src="$ROOT/deploy/local/kafka/Quorum.java" out="$KDIR/tools"
+tools() {  # the quorum describer, compiled once beside the jars (shared by every .local)
+  local src="$ROOT/deploy/local/kafka/Quorum.java" out
+  out="$(cd "$LIBS" && pwd -P)/../tools"
   if [ ! -f "$out/Quorum.class" ] || [ "$src" -nt "$out/Quorum.class" ]; then
     mkdir -p "$out"
     javac -nowarn -cp "$LIBS/*" -d "$out" "$src" >&2
