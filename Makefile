@@ -12,8 +12,8 @@ help: ## List the targets
 bootstrap: ## Install system packages (Java, Maven, PostgreSQL) and the Python env (.venv)
 	@bash deploy/local/bootstrap.sh
 
-up: bootstrap ## Start Kafka (KRaft) and PostgreSQL as local processes; writes .local/env
-	@bash deploy/local/stack.sh up
+up: bootstrap ## Start Kafka (KRaft) and PostgreSQL as local processes; writes .local/env (`make up KAFKA_BROKERS=3`: a 3-broker cluster)
+	@AGENTLEDGER_KAFKA_BROKERS=$(or $(KAFKA_BROKERS),$(AGENTLEDGER_KAFKA_BROKERS)) bash deploy/local/stack.sh up
 
 down: ## Stop the demo's services, then the local Kafka and PostgreSQL
 	@if [ -x .venv/bin/agentledger ]; then .venv/bin/agentledger down; \
@@ -47,5 +47,5 @@ lint: bootstrap ## ruff + mypy (strict)
 	@.venv/bin/ruff check libs services tests
 	@.venv/bin/mypy
 
-chaos: bootstrap ## Kill real services at every fault point N times each (default 20; `make chaos N=200`), plus the long standby and failover cases
-	@AGENTLEDGER_CHAOS_N=$(or $(N),20) AGENTLEDGER_CHAOS_LONG=1 $(PY) -m pytest tests/chaos -p no:cacheprovider --timeout=7200
+chaos: bootstrap ## Kill real services at every fault point N times each (default 20; `make chaos N=200`), plus the long standby, failover and 3-broker cases
+	@AGENTLEDGER_CHAOS_N=$(or $(N),20) AGENTLEDGER_CHAOS_LONG=1 AGENTLEDGER_CHAOS_FULL=1 $(PY) -m pytest tests/chaos -p no:cacheprovider --timeout=7200

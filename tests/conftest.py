@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from agentledger import migrations, settings
 from tests import stack as stack_mod
+from tests.kafka_cluster import kafka_cluster  # noqa: F401 - a fixture, shared by tiers
 from tests.private_stack import private_stack  # noqa: F401 - a fixture, shared by tiers
 
 _TIER_SECONDS: dict[str, float] = {}

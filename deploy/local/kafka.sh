@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # Apache Kafka 4.x, KRaft, single node (broker + controller) on 127.0.0.1, from Maven Central jars.
-# Usage: kafka.sh start|stop|status
+# With AGENTLEDGER_KAFKA_BROKERS > 1, or once a cluster was started in this .local (until
+# AGENTLEDGER_KAFKA_BROKERS=1 is asked for), a cluster instead: deploy/local/kafka-cluster.sh.
+# Usage: kafka.sh start|stop|status|fetch
 source "$(dirname "$0")/common.sh"
+
+if [ "${AGENTLEDGER_KAFKA_BROKERS:-$(cat "$LOCAL/kafka/cluster/brokers" 2>/dev/null || echo 1)}" -gt 1 ] \
+    && [ "${1:-}" != fetch ]; then
+  exec bash "$(dirname "$0")/kafka-cluster.sh" "$@"
+fi
 
 KDIR="$LOCAL/kafka"
 LIBS="$KDIR/libs"
@@ -71,6 +78,10 @@ stop() {
   # Orphans from a lost pid file: only brokers started with our own properties file.
   pkill -KILL -f "kafka.Kafka $PROPS" 2>/dev/null || true
   rm -f "$PIDFILE"
+  # A cluster started earlier with AGENTLEDGER_KAFKA_BROKERS=3 stops with a plain `down` too.
+  if [ -d "$KDIR/cluster" ]; then
+    env -u AGENTLEDGER_KAFKA_BROKERS bash "$(dirname "$0")/kafka-cluster.sh" stop
+  fi
 }
 
 status() {
@@ -82,6 +93,6 @@ status() {
 }
 
 case "${1:-}" in
-  start) start ;; stop) stop ;; status) status ;;
-  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+  start) start ;; stop) stop ;; status) status ;; fetch) fetch ;;
+  *) echo "usage: $0 start|stop|status|fetch" >&2; exit 2 ;;
 esac

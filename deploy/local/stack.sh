@@ -7,11 +7,18 @@ HERE="$(dirname "$0")"
 STANDBY="${AGENTLEDGER_PG_STANDBY:-}"
 
 write_env() {
+  local bootstrap="127.0.0.1:$KAFKA_PORT" brokers=1
+  if [ -s "$LOCAL/kafka/cluster/brokers" ] && [ "${AGENTLEDGER_KAFKA_BROKERS:-}" != 1 ]; then
+    bootstrap=$(bash "$HERE/kafka-cluster.sh" bootstrap)
+    brokers=$(cat "$LOCAL/kafka/cluster/brokers")
+  fi
   mkdir -p "$LOCAL"
   cat > "$LOCAL/env" <<ENV
 # Written by deploy/local/stack.sh up; '. .local/env' reaches the running stack.
 export AGENTLEDGER_DATABASE_URL=postgresql://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB
-export AGENTLEDGER_KAFKA_BOOTSTRAP=127.0.0.1:$KAFKA_PORT
+export AGENTLEDGER_KAFKA_BOOTSTRAP=$bootstrap
+# Replicas of every topic the services create: three (or all brokers) on a cluster.
+export AGENTLEDGER_KAFKA_REPLICATION_FACTOR=$(( brokers < 3 ? brokers : 3 ))
 ENV
 }
 

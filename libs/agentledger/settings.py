@@ -7,11 +7,18 @@ the same for all of them so that `. .local/env` reaches the stack from any shell
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Replicas of every topic a service creates, one setting for all of them: 1 on the one-broker
+# development stack, 3 on a cluster, where created topics also get min.insync.replicas 2
+# (agentledger.kafka.topics) so an acks=all write survives the loss of one broker.
+KafkaReplicationFactor = Annotated[
+    int, Field(ge=1, le=5, validation_alias="AGENTLEDGER_KAFKA_REPLICATION_FACTOR")]
 
 
 class Settings(BaseSettings):
@@ -24,6 +31,7 @@ class Settings(BaseSettings):
         description="PostgreSQL URL of the ledger (owner role: migrations, admin tools).",
     )
     kafka_bootstrap: str = Field(default="127.0.0.1:19092", description="Kafka bootstrap servers.")
+    kafka_replication_factor: KafkaReplicationFactor = 1
     migrations_dir: Path = Field(default=REPO_ROOT / "migrations")
 
 

@@ -46,7 +46,7 @@ def create_app(settings: AdmissionSettings | None = None) -> FastStream:
         kafka_topics.ensure(cfg.kafka_bootstrap, {
             cfg.proposals_topic: cfg.partitions, cfg.admissions_topic: cfg.partitions,
             topics.dlq_topic(cfg.proposals_topic): 1,
-        })
+        }, replication=cfg.kafka_replication_factor)
         pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=cfg.pool_size,
                                          init=init)
         state["pool"] = pool

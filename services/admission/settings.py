@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agentledger import settings as shared
 from agentledger.contracts import topics
 
 
@@ -13,6 +14,8 @@ class AdmissionSettings(BaseSettings):
 
     database_url: str = Field(validation_alias="AGENTLEDGER_DATABASE_URL")
     kafka_bootstrap: str = Field(validation_alias="AGENTLEDGER_KAFKA_BOOTSTRAP")
+    # Replicas of the topics this service creates (AGENTLEDGER_KAFKA_REPLICATION_FACTOR).
+    kafka_replication_factor: shared.KafkaReplicationFactor = 1
     # The role admission acts as. Production connects with a login user that is a member of
     # agentledger_admission; a shared development URL switches to it with SET ROLE.
     db_role: str | None = "agentledger_admission"

@@ -50,8 +50,9 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
 
     @app.on_startup
     async def start() -> None:
-        kafka_topics.ensure(cfg.kafka_bootstrap, {topic: cfg.partitions,
-                                                  topics.dlq_topic(topic): 1})
+        kafka_topics.ensure(cfg.kafka_bootstrap,
+                            {topic: cfg.partitions, topics.dlq_topic(topic): 1},
+                            replication=cfg.kafka_replication_factor)
         pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=cfg.pool_size,
                                          init=init)
         state["pool"] = pool

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agentledger import settings as shared
 from agentledger.ledger import dispatch
 
 
@@ -13,6 +14,8 @@ class ExecutorSettings(BaseSettings):
 
     database_url: str = Field(validation_alias="AGENTLEDGER_DATABASE_URL")
     kafka_bootstrap: str = Field(validation_alias="AGENTLEDGER_KAFKA_BOOTSTRAP")
+    # Replicas of the topics this service creates (AGENTLEDGER_KAFKA_REPLICATION_FACTOR).
+    kafka_replication_factor: shared.KafkaReplicationFactor = 1
     master_key: SecretStr = Field(validation_alias="AGENTLEDGER_MASTER_KEY")
     # One executor deployment per connector: its own consumer group, its own credentials.
     connector: str = "crm"

@@ -84,7 +84,7 @@ def create_app(settings: IngressSettings | None = None) -> FastAPI:
             cfg.requests_topic: cfg.partitions, cfg.proposals_topic: cfg.partitions,
             cfg.gateway_proposals_topic: cfg.partitions,
             topics.dlq_topic(cfg.gateway_proposals_topic): 1,
-        })
+        }, replication=cfg.kafka_replication_factor)
         handlers.register_gateway_entry(broker, gate, topic=cfg.gateway_proposals_topic,
                                         group_id=cfg.group_id,
                                         max_body_bytes=cfg.max_body_bytes)

@@ -6,6 +6,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agentledger import identity
+from agentledger import settings as shared
 from agentledger.contracts import topics
 
 
@@ -13,6 +14,8 @@ class IngressSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AGENTLEDGER_INGRESS_", extra="ignore")
 
     kafka_bootstrap: str = Field(validation_alias="AGENTLEDGER_KAFKA_BOOTSTRAP")
+    # Replicas of the topics this service creates (AGENTLEDGER_KAFKA_REPLICATION_FACTOR).
+    kafka_replication_factor: shared.KafkaReplicationFactor = 1
     # Optional: ingress' own login (role agentledger_ingress: one function, no table). With it
     # a keyed resubmission whose content differs from the command its operation id already
     # holds is answered 409 at once; without it (or when the ledger does not answer within

@@ -55,7 +55,7 @@ def create_app(settings: PlannerSettings | None = None) -> FastStream:
         kafka_topics.ensure(cfg.kafka_bootstrap, {
             cfg.requests_topic: cfg.partitions, cfg.proposals_topic: cfg.partitions,
             topics.dlq_topic(cfg.requests_topic): 1, cfg.admissions_topic: cfg.partitions,
-        })
+        }, replication=cfg.kafka_replication_factor)
         if cfg.database_url:
             pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=4,
                                              init=as_planner)
@@ -69,7 +69,8 @@ def create_app(settings: PlannerSettings | None = None) -> FastStream:
         if shadow_cfg.adapter is not None:
             # A candidate beside production (R9.2): same request and evidence, its proposal
             # marked shadow and only recorded on agent.shadow.v1, never admitted.
-            kafka_topics.ensure(cfg.kafka_bootstrap, {shadow_cfg.topic: cfg.partitions})
+            kafka_topics.ensure(cfg.kafka_bootstrap, {shadow_cfg.topic: cfg.partitions},
+                                replication=cfg.kafka_replication_factor)
             shadowing = shadow.ShadowPlanner(
                 primary=budgeted, candidate=shadow.build_candidate(shadow_cfg, rules),
                 record=shadow.kafka_recorder(broker.publish, shadow_cfg.topic),

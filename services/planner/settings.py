@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agentledger import settings as shared
 from agentledger.contracts import topics
 from agentledger.planning import adapters
 
@@ -20,6 +21,8 @@ class PlannerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AGENTLEDGER_PLANNER_", extra="ignore")
 
     kafka_bootstrap: str = Field(validation_alias="AGENTLEDGER_KAFKA_BOOTSTRAP")
+    # Replicas of the topics this service creates (AGENTLEDGER_KAFKA_REPLICATION_FACTOR).
+    kafka_replication_factor: shared.KafkaReplicationFactor = 1
     # Ingress' envelope public keys as JSON {kid: PEM}: a request is planned only for the
     # tenant and principal ingress signed.
     envelope_keys: dict[str, str]

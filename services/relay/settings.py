@@ -35,8 +35,9 @@ class Settings(BaseSettings):
     outcome_partitions: int = Field(default=3, ge=1, le=1000)
     # The dead-letter topic is rare and read by people: one partition keeps it in order.
     dlq_partitions: int = Field(default=1, ge=1, le=100)
-    # 1 on a single-node dev broker; 3 in production so acks=all survives a broker loss.
-    replication_factor: int = Field(default=1, ge=1, le=5)
+    # Unset: the shared AGENTLEDGER_KAFKA_REPLICATION_FACTOR every service creates topics
+    # with (1 on a single-node dev broker; 3 in production so acks=all survives a broker loss).
+    replication_factor: int | None = Field(default=None, ge=1, le=5)
     # Caps memory and the size of a replay after a crash; reading pauses at the cap.
     max_in_flight: int = Field(default=10_000, ge=1)
     # Bounds how long acknowledgements wait while a burst of WAL is read.
@@ -92,7 +93,7 @@ class Settings(BaseSettings):
                 "outcome": self.outcome_partitions,
                 "dlq": self.dlq_partitions,
             },
-            replication_factor=self.replication_factor,
+            replication_factor=self.replication_factor or common.kafka_replication_factor,
             max_in_flight=self.max_in_flight,
             read_batch=self.read_batch,
             sweep_batch=self.sweep_batch,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -12,11 +13,16 @@ from tests.e2e.pipeline import Pipeline, pipeline
 from tests.stack import Stack
 from tests.standby import standby_pair  # noqa: F401 - a fixture of the standby cases
 
+# `make chaos` sets it: the production-shaped cases too, beside the subset `make test` runs.
+FULL = os.environ.get("AGENTLEDGER_CHAOS_FULL") == "1"
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "/chaos/" in str(item.path):
             item.add_marker(pytest.mark.chaos)
+        if not FULL and item.get_closest_marker("chaos_full"):
+            item.add_marker(pytest.mark.skip(reason="a `make chaos` case (AGENTLEDGER_CHAOS_FULL=1)"))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -93,6 +93,20 @@ class Pipeline:
                 evidence: list[dict[str, Any]] | None = None,
                 envelope_ttl_s: int | None = None) -> uuid.UUID:
         """Publish a signed proposal (default: the first tenant's customer, by user:alice)."""
+        op, record = self.proposal(action, arguments, operation_id=operation_id,
+                                   expected_revision=expected_revision, tenant=tenant,
+                                   evidence=evidence, envelope_ttl_s=envelope_ttl_s)
+        p = self.producer()
+        p.produce(**record)
+        assert p.flush(15) == 0
+        return op
+
+    def proposal(self, action: str, arguments: dict[str, Any], *, operation_id: uuid.UUID | None = None,
+                 expected_revision: str | None = None, tenant: str | None = None,
+                 evidence: list[dict[str, Any]] | None = None,
+                 envelope_ttl_s: int | None = None) -> tuple[uuid.UUID, dict[str, Any]]:
+        """A signed proposal as ``Producer.produce`` keyword arguments, for a caller that
+        publishes on its own producer (as ``propose`` does on a fresh one)."""
         op = operation_id or uuid.uuid4()
         tenant = tenant or self.tenant
         customer = self.customer if tenant == self.tenant else self.others[tenant]
@@ -103,11 +117,9 @@ class Pipeline:
                 "planner": {"name": "e2e"}, "created_at": datetime.now(UTC).isoformat(),
                 **({"evidence": evidence} if evidence is not None else {})}
         body = identities.sign(body, ttl_s=envelope_ttl_s)
-        p = self.producer()
-        p.produce(self.topic("agent.proposals.v1"), key=tenant.encode(), value=json.dumps(body).encode(),
-                  headers=[("traceparent", f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01".encode())])
-        assert p.flush(15) == 0
-        return op
+        return op, {"topic": self.topic("agent.proposals.v1"), "key": tenant.encode(),
+                    "value": json.dumps(body).encode(),
+                    "headers": [("traceparent", f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01".encode())]}
 
     def state(self, op: uuid.UUID) -> tuple[str, str | None] | None:
         conn = psycopg2.connect(self.database_url)

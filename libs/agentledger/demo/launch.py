@@ -160,7 +160,8 @@ def launch(opts: Options, step: Step) -> World:
     # Outcome and audit topics exist before anyone waits on them (the relay creates them
     # lazily, and a reader that starts first would not see them).
     kafka_topics.ensure(bootstrap, {ns + topics.OUTCOMES: 1, ns + topics.AUDIT: 1,
-                                    ns + topics.ADMISSIONS: 1})
+                                    ns + topics.ADMISSIONS: 1},
+                        replication=common.kafka_replication_factor)
     envelope_keys = json.dumps({seed.ENVELOPE_KID: keys.envelope_public})
     session_keys = json.dumps({seed.SESSION_KID: keys.session_public})
     slot = re.sub(r"[^a-z0-9_]", "_", tag.lower())[:63]

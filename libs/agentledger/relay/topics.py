@@ -12,9 +12,10 @@ import logging
 from collections.abc import Mapping
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient
 
 from agentledger import errors
+from agentledger.kafka import topics as kafka_topics
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,8 @@ class Topics:
     Args:
         admin: a Kafka admin client.
         partitions: partitions per topic family (``exec``, ``audit``, ``outcome``, ``dlq``).
-        replication_factor: replicas per topic (1 on a single-node dev broker).
+        replication_factor: replicas per topic (1 on a single-node dev broker); from three
+            on, each created topic also carries ``min.insync.replicas`` (a majority).
         timeout: seconds to wait for the broker to answer a creation.
     """
 
@@ -50,11 +52,8 @@ class Topics:
         """
         if topic in self._known:
             return
-        new = NewTopic(
-            topic,
-            num_partitions=self._partitions[family],
-            replication_factor=self._replication_factor,
-        )
+        # With 3+ replicas the topic carries its own min.insync.replicas (a majority).
+        new = kafka_topics.new_topic(topic, self._partitions[family], self._replication_factor)
         future = self._admin.create_topics([new], request_timeout=self._timeout)[topic]
         try:
             future.result(timeout=self._timeout)

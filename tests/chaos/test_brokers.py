@@ -1,0 +1,478 @@
+"""The pipeline on a 3-broker cluster (issue 19 §2): leaders, the active controller and two of
+three brokers SIGKILLed under steady load; then no loss, no duplicate, no invented success.
+
+Every topic is created by the services themselves with three replicas and
+``min.insync.replicas=2`` (AGENTLEDGER_KAFKA_REPLICATION_FACTOR=3); every producer uses
+acks=all with idempotence. Each case first shows that its fault really struck (the
+partition's leader moved, the quorum elected another controller, a write was refused) and
+only then asserts what must not have happened. ``make test`` runs the exec-leader kill; the
+other cases run under ``make chaos`` (marker ``chaos_full``, see tests/chaos/conftest.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from types import TracebackType
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from agentledger.kafka import topics as kafka_topics
+from tests.chaos import harness
+from tests.e2e.pipeline import Pipeline, pipeline
+from tests.helpers import wait_until
+from tests.kafka_cluster import BROKERS, CONTROLLERS, SESSION_TIMEOUT_S, KafkaCluster
+
+REPLICAS = 3
+SERVICES = ("relay", "admission", "executor-crm", "executor-billing", "reconciler")
+# A fault's effect shows within a few session timeouts (fencing, election, a client's
+# metadata refresh); on a loaded 2-core box we allow generously more, as a deadline only.
+FAILOVER_S = 8 * SESSION_TIMEOUT_S
+# Notes held this long at the CRM keep commands in flight (claimed, not yet answered) at any
+# moment of the load, so a kill lands mid-dispatch.
+CALL_DELAY_MS = 300
+# Admission's customer look-ups held this long make admission slower than the load, so
+# proposals wait on their partition and a kill lands mid-admission.
+LOOKUP_DELAY_MS = 1000
+# Operations proposed after a fault's positive marker, so the pipeline visibly carries on.
+MORE = 10
+# A proposal acknowledged this late was held up by the fault (a healthy ack takes ms; a
+# failover holds writes for about a session timeout; an outage, until a broker returns).
+BLOCKED_S = 2 * SESSION_TIMEOUT_S
+
+
+@pytest.fixture(scope="module")
+def cluster_pipeline(kafka_cluster: KafkaCluster, database_url: str,
+                     make_database: Callable[[], str],
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    # The chaos settings (short leases, a quick reconciler) with production's consumer groups:
+    # dynamic membership, default session timeouts. A static member (group.instance.id)
+    # whose coordinator is away longer than its session timeout rejoins and is fenced by
+    # its own new membership: librdkafka makes that fatal (librdkafka #3437) and FastStream
+    # then polls a dead consumer. The fault-point tests restart services and need static
+    # membership; these kill brokers, not services, and run what the manifests deploy.
+    env = {name: {**{k: v for k, v in harness.CHAOS_ENV.get(name, {}).items()
+                     if not k.endswith(("_GROUP_INSTANCE_ID", "_SESSION_TIMEOUT_MS"))},
+                  "AGENTLEDGER_KAFKA_REPLICATION_FACTOR": str(REPLICAS)} for name in SERVICES}
+    # Every acknowledgement logged with its partition and offset: evidence if a record goes missing.
+    env["relay"]["AGENTLEDGER_RELAY_TRACE_ACKS"] = "true"
+    with pipeline(kafka_cluster.bootstrap, database_url, make_database(),
+                  tmp_path_factory.mktemp("brokers"), env=env) as p:
+        yield p
+    # Its readiness probes hold admin clients: destroyed now, while the brokers answer, not at
+    # the interpreter's exit, where destroying a client of a vanished cluster hangs the run.
+    p.ready.clear()
+    gc.collect()
+
+
+class SteadyLoad:
+    """Notes proposed one after another on a thread while a fault strikes, as a client does:
+    one long-lived idempotent producer (acks=all) that waits for each acknowledgement,
+    however long the cluster keeps it waiting (Kafka's default 300 s delivery timeout).
+
+    ``blocked`` counts proposals acknowledged more than ``BLOCKED_S`` after they were sent:
+    writes that stopped. Every operation in ``ops`` was acknowledged.
+    """
+
+    def __init__(self, p: Pipeline, ops: dict[uuid.UUID, str], pause_s: float = 0.2) -> None:
+        self.p, self.ops, self.pause_s = p, ops, pause_s
+        self.blocked = 0
+        self.errors: list[str] = []
+        self._sent: float | None = None  # when the proposal in flight was sent
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="steady-load", daemon=True)
+
+    def __enter__(self) -> SteadyLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=harness.SETTLE_S + 60)
+        assert not self._thread.is_alive(), "the load never finished its last proposal"
+
+    def _run(self) -> None:
+        # Destroyed only here, with nothing in flight: a client destroyed while a request is
+        # outstanding can abort the process (librdkafka #4605).
+        producer = self.p.producer()
+        n = 0
+        try:
+            while not self._stop.is_set():
+                n += 1
+                op, record = self.p.proposal("crm.note.create", {"body": f"brokers {n}"},
+                                             envelope_ttl_s=harness.ENVELOPE_TTL_S)
+                answer: list[KafkaError | None] = []
+                self._sent = sent = time.monotonic()
+                producer.produce(**record, on_delivery=lambda err, _msg, answer=answer: answer.append(err))
+                while not answer:
+                    producer.poll(0.5)
+                self._sent = None
+                if answer[0] is not None:
+                    self.errors.append(f"{op}: {answer[0]}")
+                    return
+                self.ops[op] = "note"
+                if time.monotonic() - sent > BLOCKED_S:
+                    self.blocked += 1
+                self._stop.wait(self.pause_s)
+        finally:
+            producer.flush(30)
+
+    def waiting_s(self) -> float:
+        """How long the proposal in flight has waited for its acknowledgement (0: none)."""
+        sent = self._sent
+        return 0.0 if sent is None else time.monotonic() - sent
+
+    def after(self) -> set[uuid.UUID]:
+        """A mark: the operations proposed so far (to tell later ones apart)."""
+        return set(self.ops)
+
+    def more(self, mark: set[uuid.UUID], n: int = MORE) -> None:
+        """Go on until ``n`` operations were acknowledged after ``mark``."""
+        assert wait_until(lambda: len(set(self.ops) - mark) >= n, timeout=harness.SETTLE_S), (
+            f"only {len(set(self.ops) - mark)} proposals acknowledged after the mark; "
+            f"{self.blocked} were held up")
+
+
+class CrmDelay:
+    """Hold CRM requests matching ``method`` for ``delay_ms`` while the block runs."""
+
+    def __init__(self, p: Pipeline, method: str, delay_ms: int) -> None:
+        self.p, self.method, self.delay_ms = p, method, delay_ms
+
+    def __enter__(self) -> None:
+        asyncio.run(self.p.crm.arm({"match": {"method": self.method, "path_prefix": "/v1/customers/"},
+                                    "action": "delay", "delay_ms": self.delay_ms, "times": 10_000}))
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        asyncio.run(self.p.crm.disarm())
+
+
+def _topics(p: Pipeline, cluster: KafkaCluster) -> list[str]:
+    admin = cluster.admin()
+    return sorted(t for t in admin.list_topics(timeout=10).topics if t.startswith(p.ns))
+
+
+def _healthy(p: Pipeline, cluster: KafkaCluster) -> None:
+    """Every node up and every partition of the pipeline's topics fully in sync."""
+    cluster.start_all()
+
+    def in_sync() -> bool:
+        for topic in _topics(p, cluster):
+            found = cluster.partitions(topic)
+            if found is None or any(s.isr != BROKERS for s in found.values()):
+                return False
+        return True
+    assert wait_until(in_sync, timeout=FAILOVER_S), {t: cluster.partitions(t) for t in _topics(p, cluster)}
+
+
+def _new_leader(cluster: KafkaCluster, topic: str, partition: int, old: int) -> int:
+    """Positive marker: the controller gave the partition to another broker."""
+    assert wait_until(lambda: cluster.leader(topic, partition) not in (None, old), timeout=FAILOVER_S), (
+        f"{topic}[{partition}] still led by {old}: {cluster.partition(topic, partition)}")
+    leader = cluster.leader(topic, partition)
+    assert leader is not None and leader != old
+    return leader
+
+
+def _isr(cluster: KafkaCluster, topic: str, partition: int) -> tuple[int, ...] | None:
+    state = cluster.partition(topic, partition)
+    return None if state is None else state.isr
+
+
+def _keys_on(p: Pipeline, topic: str, partition: int) -> set[str]:
+    """The operation ids (from the ``tenant:operation`` keys) of every record of one partition
+    (none while the partition's leader is not known yet: the caller polls again)."""
+    consumer = Consumer({"bootstrap.servers": p.bootstrap, "group.id": f"read-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False, "log_level": 0})
+    try:
+        try:
+            _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+        except KafkaException:
+            return set()
+        consumer.assign([TopicPartition(topic, partition, 0)])
+        found: set[str] = set()
+        position = 0
+        deadline = time.monotonic() + 30
+        while position < high and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error() is not None:
+                continue
+            position = msg.offset() + 1
+            found.add((msg.key() or b"").decode().rsplit(":", 1)[-1])
+        return found
+    finally:
+        consumer.close()
+
+
+def _ids(ops: set[uuid.UUID]) -> set[str]:
+    return {str(o) for o in ops}
+
+
+def _tenant_partition(p: Pipeline, cluster: KafkaCluster, topic: str) -> int:
+    """The one partition the pipeline's tenant key sends ``topic``'s records to."""
+    highs: list[int | None] = []
+
+    def answered() -> bool:  # a leader that moved answers once the client's metadata caught up
+        highs[:] = [cluster.high_watermark(topic, i) for i in range(3)]
+        return None not in highs
+    assert wait_until(answered, timeout=FAILOVER_S), highs
+    filled = [i for i, high in enumerate(highs) if high]
+    assert len(filled) == 1, f"{topic}: records on partitions {filled}, expected the tenant's one"
+    return filled[0]
+
+
+def _in_state(p: Pipeline, ops: dict[uuid.UUID, str], *states: str) -> int:
+    return sum(1 for s, _ in harness.states(p, list(ops)).values() if s in states)
+
+
+def _settle_and_check(p: Pipeline, report: harness.PointReport, ops: dict[uuid.UUID, str],
+                      baseline: int, started: float) -> None:
+    assert harness.settle(p, ops), harness.unsettled(p, ops)
+    report.seconds = time.monotonic() - started
+    harness.check(p, report, ops, baseline)
+    harness.save(report)
+    assert (report.duplicate_effects, report.invented_successes, report.lost_commands,
+            report.redispatched_successes, report.unknowns) == (0, 0, 0, 0, 0), report
+    assert report.effects == report.commands == len(ops), report
+
+
+def test_every_topic_the_pipeline_created_has_three_replicas_and_min_isr_two(
+        cluster_pipeline: Pipeline, kafka_cluster: KafkaCluster) -> None:
+    from confluent_kafka.admin import ConfigResource, ConfigSource, ResourceType
+
+    p, cluster = cluster_pipeline, kafka_cluster
+    names = _topics(p, cluster)
+    # The services created these at start-up: proposals, admissions, exec and their DLQs.
+    assert {p.topic("agent.proposals.v1"), p.topic("agent.admissions.v1"),
+            p.topic("exec.crm.v1"), p.topic("exec.billing.v1")} <= set(names), names
+    resources = [ConfigResource(ResourceType.TOPIC, t) for t in names]
+    admin = cluster.admin()
+    configs = {r.name: f.result(timeout=30) for r, f in admin.describe_configs(resources).items()}
+    for topic in names:
+        partitions = cluster.partitions(topic)
+        assert partitions, topic
+        assert {s.replicas for s in partitions.values()} == {BROKERS}, (topic, partitions)
+        floor = configs[topic]["min.insync.replicas"]
+        # Set on the topic itself (not inherited from the broker, whose default may be 1).
+        assert (floor.value, floor.source) == ("2", ConfigSource.DYNAMIC_TOPIC_CONFIG.value), (
+            topic, floor)
+
+
+def test_kill_the_leader_of_an_exec_partition_mid_relay_and_dispatch(
+        cluster_pipeline: Pipeline, kafka_cluster: KafkaCluster) -> None:
+    p, cluster = cluster_pipeline, kafka_cluster
+    exec_topic = p.topic("exec.crm.v1")
+    _healthy(p, cluster)
+    started, baseline = time.monotonic(), harness.effect_baseline(p)
+    report = harness.PointReport("broker: exec partition leader SIGKILLed")
+    ops: dict[uuid.UUID, str] = {}
+    victim = None
+    try:
+        with CrmDelay(p, "POST", CALL_DELAY_MS), SteadyLoad(p, ops) as load:
+            # Mid-relay and mid-dispatch: commands already succeeded and others are claimed,
+            # their calls held at the CRM, when the leader dies.
+            assert wait_until(lambda: _in_state(p, ops, "succeeded") >= 3
+                              and _in_state(p, ops, "dispatching") >= 1, timeout=90), (
+                harness.unsettled(p, ops))
+            victim = cluster.leader(exec_topic, 0)
+            assert victim in BROKERS
+            cluster.kill(victim)
+            report.kills = 1
+            leader = _new_leader(cluster, exec_topic, 0, victim)
+            report.notes.append(f"{exec_topic}[0]: leader {victim} SIGKILLed, {leader} elected")
+            # Records keep flowing through the new leader: an operation proposed after the
+            # failover is relayed to partition 0 (the load goes on until one is).
+            later = load.after()
+            assert wait_until(lambda: bool(_keys_on(p, exec_topic, 0) & _ids(set(load.ops) - later)),
+                              timeout=harness.SETTLE_S), f"nothing reached {exec_topic}[0] after the failover"
+            load.more(later)
+        assert not load.errors, load.errors
+        report.notes.append(f"{len(ops) - len(later)} proposed after the failover; "
+                            f"{load.blocked} proposals held up more than {BLOCKED_S:.0f} s")
+        cluster.start(victim)
+        _settle_and_check(p, report, ops, baseline, started)
+        # The restarted broker is a follower in sync again.
+        assert wait_until(lambda: _isr(cluster, exec_topic, 0) == BROKERS, timeout=FAILOVER_S), (
+            cluster.partition(exec_topic, 0))
+    finally:
+        cluster.start_all()
+
+
+@pytest.mark.chaos_full
+def test_kill_the_leader_of_the_proposals_partition_mid_admission(
+        cluster_pipeline: Pipeline, kafka_cluster: KafkaCluster) -> None:
+    p, cluster = cluster_pipeline, kafka_cluster
+    proposals, admissions = p.topic("agent.proposals.v1"), p.topic("agent.admissions.v1")
+    group = p.services["admission"].env["AGENTLEDGER_ADMISSION_GROUP_ID"]
+    _healthy(p, cluster)
+    started, baseline = time.monotonic(), harness.effect_baseline(p)
+    report = harness.PointReport("broker: proposals partition leader SIGKILLed")
+    ops: dict[uuid.UUID, str] = {}
+    try:
+        with CrmDelay(p, "GET", LOOKUP_DELAY_MS), SteadyLoad(p, ops) as load:
+            assert wait_until(lambda: _in_state(p, ops, "succeeded") >= 3, timeout=90), (
+                harness.unsettled(p, ops))
+            part = _tenant_partition(p, cluster, proposals)
+
+            def waiting() -> bool:  # proposals on the partition that admission has not committed
+                high, done = cluster.high_watermark(proposals, part), cluster.committed(group, proposals, part)
+                return high is not None and done is not None and done < high
+            # Mid-admission: proposals wait on the partition, admission is working through them.
+            assert wait_until(waiting, timeout=90), "admission never fell behind the load"
+            victim = cluster.leader(proposals, part)
+            assert victim in BROKERS
+            backlog_end = cluster.high_watermark(proposals, part)
+            assert backlog_end is not None
+            # The tenant key puts admission's answers on the same partition number.
+            answers_too = cluster.leader(admissions, part) == victim
+            cluster.kill(victim)
+            report.kills = 1
+            leader = _new_leader(cluster, proposals, part, victim)
+            report.notes.append(f"{proposals}[{part}]: leader {victim} SIGKILLed with offsets up "
+                                f"to {backlog_end} not yet admitted, {leader} elected; the "
+                                f"admissions partition had the same leader: {answers_too}")
+            later = load.after()
+            # Admission goes on from the new leader: it commits past what waited at the kill.
+            assert wait_until(lambda: (cluster.committed(group, proposals, part) or -1) > backlog_end,
+                              timeout=harness.SETTLE_S), (
+                f"admission never committed past offset {backlog_end} of {proposals}[{part}]")
+            load.more(later)
+        assert not load.errors, load.errors
+        report.notes.append(f"{load.blocked} proposals held up more than {BLOCKED_S:.0f} s")
+        cluster.start(victim)
+        _settle_and_check(p, report, ops, baseline, started)
+    finally:
+        cluster.start_all()
+
+
+@pytest.mark.chaos_full
+def test_kill_the_active_controller(cluster_pipeline: Pipeline, kafka_cluster: KafkaCluster) -> None:
+    p, cluster = cluster_pipeline, kafka_cluster
+    _healthy(p, cluster)
+    started, baseline = time.monotonic(), harness.effect_baseline(p)
+    report = harness.PointReport("controller: quorum leader SIGKILLed")
+    ops: dict[uuid.UUID, str] = {}
+    try:
+        with CrmDelay(p, "POST", CALL_DELAY_MS), SteadyLoad(p, ops) as load:
+            assert wait_until(lambda: _in_state(p, ops, "succeeded") >= 3, timeout=90), (
+                harness.unsettled(p, ops))
+            before = cluster.quorum()
+            assert before is not None and before.leader in CONTROLLERS, before
+            cluster.kill(before.leader)
+            report.kills = 1
+            later = load.after()
+
+            def elected() -> bool:
+                now = cluster.quorum()
+                return now is not None and now.leader in CONTROLLERS and now.leader != before.leader \
+                    and now.epoch > before.epoch
+            assert wait_until(elected, timeout=FAILOVER_S), (before, cluster.quorum())
+            after = cluster.quorum()
+            assert after is not None
+            report.notes.append(f"controller {before.leader} (epoch {before.epoch}) SIGKILLed; "
+                                f"{after.leader} leads at epoch {after.epoch}")
+            # The new controller serves metadata writes: a topic the project creates now.
+            probe = p.topic("probe.after-controller-failover")
+            assert kafka_topics.ensure(p.bootstrap, {probe: 3}, replication=REPLICAS) == [probe]
+            assert wait_until(lambda: (found := cluster.partitions(probe)) is not None and all(
+                s.leader in BROKERS and s.isr == BROKERS for s in found.values()), timeout=FAILOVER_S), (
+                cluster.partitions(probe))
+            load.more(later)  # the pipeline went on through the failover
+            cluster.start(before.leader)  # returns once it is a caught-up voter again
+        _settle_and_check(p, report, ops, baseline, started)
+    finally:
+        cluster.start_all()
+
+
+@pytest.mark.chaos_full
+def test_losing_two_brokers_stops_writes_and_one_returning_resumes_them(
+        cluster_pipeline: Pipeline, kafka_cluster: KafkaCluster) -> None:
+    p, cluster = cluster_pipeline, kafka_cluster
+    proposals, exec_topic = p.topic("agent.proposals.v1"), p.topic("exec.crm.v1")
+    probe = p.topic("probe.min-isr")
+    _healthy(p, cluster)
+    # A topic only this test writes to, created the way the project creates topics.
+    kafka_topics.ensure(p.bootstrap, {probe: 1}, replication=REPLICAS)
+    assert wait_until(lambda: _isr(cluster, probe, 0) == BROKERS, timeout=FAILOVER_S)
+    started, baseline = time.monotonic(), harness.effect_baseline(p)
+    report = harness.PointReport("brokers: two of three SIGKILLed")
+    ops: dict[uuid.UUID, str] = {}
+    writer = ProbeWriter(p.bootstrap, probe)
+    try:
+        with SteadyLoad(p, ops) as load:
+            assert wait_until(lambda: _in_state(p, ops, "succeeded") >= 3, timeout=90), (
+                harness.unsettled(p, ops))
+            part = _tenant_partition(p, cluster, proposals)
+            # The proposals leader and an exec leader die; the survivor must take both over.
+            first = cluster.leader(proposals, part)
+            assert first in BROKERS
+            second = next(b for b in (cluster.leader(exec_topic, 0), *BROKERS) if b not in (first, None))
+            survivor = next(b for b in BROKERS if b not in (first, second))
+            cluster.kill(first)
+            cluster.kill(second)
+            report.kills = 2
+            # The controller fences both; the survivor leads with an ISR of itself alone.
+            assert wait_until(lambda: (s := cluster.partition(probe, 0)) is not None
+                              and s.leader == survivor and s.isr == (survivor,), timeout=FAILOVER_S), (
+                cluster.partition(probe, 0))
+            # Writes stop: an acks=all write to one in-sync replica of min.insync.replicas=2
+            # is refused...
+            assert wait_until(lambda: writer.write() == "NOT_ENOUGH_REPLICAS", timeout=FAILOVER_S,
+                              interval=1), writer.answers
+            # ...and a proposal of the pipeline waits unacknowledged; the probe goes on
+            # meanwhile, so its answers cover the outage until a broker returns.
+            assert wait_until(lambda: bool(writer.write()) and load.waiting_s() > BLOCKED_S,
+                              timeout=FAILOVER_S, interval=1), load.waiting_s()
+            outage = list(writer.answers)
+            mark = load.after()
+            cluster.start(first)  # one returns
+            assert wait_until(lambda: len(_isr(cluster, probe, 0) or ()) >= 2, timeout=FAILOVER_S), (
+                cluster.partition(probe, 0))
+            resumed = writer.write()
+            load.more(mark)  # the held proposal and the next ones are acknowledged
+        assert not load.errors, load.errors
+        # Never was a write acknowledged with one replica: every answer in the outage a refusal.
+        assert "ok" not in outage and "NOT_ENOUGH_REPLICAS" in outage, outage
+        assert resumed == "ok", resumed
+        assert load.blocked >= 1, "no proposal of the pipeline was held up by the outage"
+        report.notes.append(f"survivor {survivor}; probe answers during the outage "
+                            f"{dict(Counter(outage))}; {load.blocked} proposals held up more "
+                            f"than {BLOCKED_S:.0f} s, acknowledged once {first} returned")
+        # The ledger recovers with two brokers; then the second returns too.
+        assert harness.settle(p, ops, timeout=2 * harness.SETTLE_S), harness.unsettled(p, ops)
+        cluster.start(second)
+        _settle_and_check(p, report, ops, baseline, started)
+    finally:
+        writer.close()
+        cluster.start_all()
+
+
+class ProbeWriter:
+    """acks=all writes to one topic, never retried (so the broker's own answer surfaces), on
+    one producer kept until the end (no client is destroyed mid-request, librdkafka #4605)."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.topic = topic
+        self.answers: list[str] = []
+        self._producer = Producer({"bootstrap.servers": bootstrap, "acks": "all",
+                                   "enable.idempotence": False, "retries": 0,
+                                   "message.timeout.ms": 10_000, "log_level": 0})
+
+    def write(self) -> str:
+        """One write: "ok", or the name of the error it got."""
+        answer: list[str] = []
+        self._producer.produce(self.topic, b"probe", on_delivery=lambda err, _msg: answer.append(
+            "ok" if err is None else err.name()))
+        self._producer.flush(15)  # the 10 s delivery timeout answers first
+        self.answers.append(answer[0] if answer else "no answer")
+        return self.answers[-1]
+
+    def close(self) -> None:
+        self._producer.flush(15)
