@@ -17,7 +17,7 @@ write_env() {
 # Written by deploy/local/stack.sh up; '. .local/env' reaches the running stack.
 export AGENTLEDGER_DATABASE_URL=postgresql://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB
 export AGENTLEDGER_KAFKA_BOOTSTRAP=$bootstrap
-# Replicas of every topic the services create: three (or all brokers) on a cluster.
+# Replicas of every topic the services create: 1 on one broker, 3 on a cluster.
 export AGENTLEDGER_KAFKA_REPLICATION_FACTOR=$(( brokers < 3 ? brokers : 3 ))
 ENV
 }
