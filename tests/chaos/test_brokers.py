@@ -24,6 +24,7 @@ from types import TracebackType
 import psycopg2
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import ConfigResource, ConfigSource, ResourceType
 
 from agentledger.kafka import topics as kafka_topics
 from tests.chaos import harness
@@ -271,8 +272,6 @@ def _settle_and_check(p: Pipeline, report: harness.PointReport, ops: dict[uuid.U
 
 def test_every_topic_the_pipeline_created_has_three_replicas_and_min_isr_two(
         cluster_pipeline: Pipeline, kafka_cluster: KafkaCluster) -> None:
-    from confluent_kafka.admin import ConfigResource, ConfigSource, ResourceType
-
     p, cluster = cluster_pipeline, kafka_cluster
     names = _topics(p, cluster)
     # The services created these at start-up: proposals, admissions, exec and their DLQs.
