@@ -11,22 +11,20 @@ other cases run under ``make chaos`` (marker ``chaos_full``, see tests/chaos/con
 
 from __future__ import annotations
 
-import asyncio
 import gc
-import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from types import TracebackType
 
 import psycopg2
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import ConfigResource, ConfigSource, ResourceType
 
 from agentledger.kafka import topics as kafka_topics
-from tests.chaos import harness
+from tests.chaos import harness, traffic
 from tests.e2e.pipeline import Pipeline, pipeline
 from tests.helpers import wait_until
 from tests.kafka_cluster import BROKERS, CONTROLLERS, SESSION_TIMEOUT_S, KafkaCluster
@@ -42,11 +40,6 @@ CALL_DELAY_MS = 300
 # Admission's customer look-ups held this long make admission slower than the load, so
 # proposals wait on their partition and a kill lands mid-admission.
 LOOKUP_DELAY_MS = 1000
-# Operations proposed after a fault's positive marker, so the pipeline visibly carries on.
-MORE = 10
-# A proposal acknowledged this late was held up by the fault (a healthy ack takes ms; a
-# failover holds writes for about a session timeout; an outage, until a broker returns).
-BLOCKED_S = 2 * SESSION_TIMEOUT_S
 
 
 @pytest.fixture(scope="module")
@@ -71,89 +64,6 @@ def cluster_pipeline(kafka_cluster: KafkaCluster, database_url: str,
     # the interpreter's exit, where destroying a client of a vanished cluster hangs the run.
     p.ready.clear()
     gc.collect()
-
-
-class SteadyLoad:
-    """Notes proposed one after another on a thread while a fault strikes, as a client does:
-    one long-lived idempotent producer (acks=all) that waits for each acknowledgement,
-    however long the cluster keeps it waiting (Kafka's default 300 s delivery timeout).
-
-    ``blocked`` counts proposals acknowledged more than ``BLOCKED_S`` after they were sent:
-    writes that stopped. Every operation in ``ops`` was acknowledged.
-    """
-
-    def __init__(self, p: Pipeline, ops: dict[uuid.UUID, str], pause_s: float = 0.2) -> None:
-        self.p, self.ops, self.pause_s = p, ops, pause_s
-        self.blocked = 0
-        self.errors: list[str] = []
-        self._sent: float | None = None  # when the proposal in flight was sent
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="steady-load", daemon=True)
-
-    def __enter__(self) -> SteadyLoad:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=harness.SETTLE_S + 60)
-        assert not self._thread.is_alive(), "the load never finished its last proposal"
-
-    def _run(self) -> None:
-        # Destroyed only here, with nothing in flight: a client destroyed while a request is
-        # outstanding can abort the process (librdkafka #4605).
-        producer = self.p.producer()
-        n = 0
-        try:
-            while not self._stop.is_set():
-                n += 1
-                op, record = self.p.proposal("crm.note.create", {"body": f"brokers {n}"},
-                                             envelope_ttl_s=harness.ENVELOPE_TTL_S)
-                answer: list[KafkaError | None] = []
-                self._sent = sent = time.monotonic()
-                producer.produce(**record, on_delivery=lambda err, _msg, answer=answer: answer.append(err))
-                while not answer:
-                    producer.poll(0.5)
-                self._sent = None
-                if answer[0] is not None:
-                    self.errors.append(f"{op}: {answer[0]}")
-                    return
-                self.ops[op] = "note"
-                if time.monotonic() - sent > BLOCKED_S:
-                    self.blocked += 1
-                self._stop.wait(self.pause_s)
-        finally:
-            producer.flush(30)
-
-    def waiting_s(self) -> float:
-        """How long the proposal in flight has waited for its acknowledgement (0: none)."""
-        sent = self._sent
-        return 0.0 if sent is None else time.monotonic() - sent
-
-    def after(self) -> set[uuid.UUID]:
-        """A mark: the operations proposed so far (to tell later ones apart)."""
-        return set(self.ops)
-
-    def more(self, mark: set[uuid.UUID], n: int = MORE) -> None:
-        """Go on until ``n`` operations were acknowledged after ``mark``."""
-        assert wait_until(lambda: len(set(self.ops) - mark) >= n, timeout=harness.SETTLE_S), (
-            f"only {len(set(self.ops) - mark)} proposals acknowledged after the mark; "
-            f"{self.blocked} were held up")
-
-
-class CrmDelay:
-    """Hold CRM requests matching ``method`` for ``delay_ms`` while the block runs."""
-
-    def __init__(self, p: Pipeline, method: str, delay_ms: int) -> None:
-        self.p, self.method, self.delay_ms = p, method, delay_ms
-
-    def __enter__(self) -> None:
-        asyncio.run(self.p.crm.arm({"match": {"method": self.method, "path_prefix": "/v1/customers/"},
-                                    "action": "delay", "delay_ms": self.delay_ms, "times": 10_000}))
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        asyncio.run(self.p.crm.disarm())
 
 
 def _topics(p: Pipeline, cluster: KafkaCluster) -> list[str]:
@@ -271,8 +181,6 @@ def _settle_and_check(p: Pipeline, report: harness.PointReport, ops: dict[uuid.U
 
 def test_every_topic_the_pipeline_created_has_three_replicas_and_min_isr_two(
         cluster_pipeline: Pipeline, kafka_cluster: KafkaCluster) -> None:
-    from confluent_kafka.admin import ConfigResource, ConfigSource, ResourceType
-
     p, cluster = cluster_pipeline, kafka_cluster
     names = _topics(p, cluster)
     # The services created these at start-up: proposals, admissions, exec and their DLQs.
@@ -301,7 +209,7 @@ def test_kill_the_leader_of_an_exec_partition_mid_relay_and_dispatch(
     ops: dict[uuid.UUID, str] = {}
     victim = None
     try:
-        with CrmDelay(p, "POST", CALL_DELAY_MS), SteadyLoad(p, ops) as load:
+        with traffic.CrmDelay(p, "POST", CALL_DELAY_MS), traffic.SteadyLoad(p, ops) as load:
             # Mid-relay and mid-dispatch: commands already succeeded and others are claimed,
             # their calls held at the CRM, when the leader dies.
             assert wait_until(lambda: _in_state(p, ops, "succeeded") >= 3
@@ -321,7 +229,7 @@ def test_kill_the_leader_of_an_exec_partition_mid_relay_and_dispatch(
             load.more(later)
         assert not load.errors, load.errors
         report.notes.append(f"{len(ops) - len(later)} proposed after the failover; "
-                            f"{load.blocked} proposals held up more than {BLOCKED_S:.0f} s")
+                            f"{load.blocked} proposals held up more than {traffic.BLOCKED_S:.0f} s")
         cluster.start(victim)
         _settle_and_check(p, report, ops, baseline, started)
         # The restarted broker is a follower in sync again.
@@ -342,7 +250,7 @@ def test_kill_the_leader_of_the_proposals_partition_mid_admission(
     report = harness.PointReport("broker: proposals partition leader SIGKILLed")
     ops: dict[uuid.UUID, str] = {}
     try:
-        with CrmDelay(p, "GET", LOOKUP_DELAY_MS), SteadyLoad(p, ops) as load:
+        with traffic.CrmDelay(p, "GET", LOOKUP_DELAY_MS), traffic.SteadyLoad(p, ops) as load:
             assert wait_until(lambda: _in_state(p, ops, "succeeded") >= 3, timeout=90), (
                 harness.unsettled(p, ops))
             part = _tenant_partition(p, cluster, proposals)
@@ -371,7 +279,7 @@ def test_kill_the_leader_of_the_proposals_partition_mid_admission(
                 f"admission never committed past offset {backlog_end} of {proposals}[{part}]")
             load.more(later)
         assert not load.errors, load.errors
-        report.notes.append(f"{load.blocked} proposals held up more than {BLOCKED_S:.0f} s")
+        report.notes.append(f"{load.blocked} proposals held up more than {traffic.BLOCKED_S:.0f} s")
         cluster.start(victim)
         _settle_and_check(p, report, ops, baseline, started)
     finally:
@@ -386,7 +294,7 @@ def test_kill_the_active_controller(cluster_pipeline: Pipeline, kafka_cluster: K
     report = harness.PointReport("controller: quorum leader SIGKILLed")
     ops: dict[uuid.UUID, str] = {}
     try:
-        with CrmDelay(p, "POST", CALL_DELAY_MS), SteadyLoad(p, ops) as load:
+        with traffic.CrmDelay(p, "POST", CALL_DELAY_MS), traffic.SteadyLoad(p, ops) as load:
             assert wait_until(lambda: _in_state(p, ops, "succeeded") >= 3, timeout=90), (
                 harness.unsettled(p, ops))
             before = cluster.quorum()
@@ -430,11 +338,11 @@ def test_losing_two_brokers_stops_writes_and_one_returning_resumes_them(
     started, baseline = time.monotonic(), harness.effect_baseline(p)
     report = harness.PointReport("brokers: two of three SIGKILLed")
     ops: dict[uuid.UUID, str] = {}
-    writer = ProbeWriter(p.bootstrap, probe)
+    writer = traffic.ProbeWriter(p.bootstrap, probe)
     try:
         # Slow admission: proposals wait on their partition, so the outage finds admission,
         # its answers and the relay's records mid-way, not an idle pipeline.
-        with CrmDelay(p, "GET", LOOKUP_DELAY_MS), SteadyLoad(p, ops) as load:
+        with traffic.CrmDelay(p, "GET", LOOKUP_DELAY_MS), traffic.SteadyLoad(p, ops) as load:
             assert wait_until(lambda: _in_state(p, ops, "succeeded") >= 3, timeout=90), (
                 harness.unsettled(p, ops))
             part = _tenant_partition(p, cluster, proposals)
@@ -457,7 +365,7 @@ def test_losing_two_brokers_stops_writes_and_one_returning_resumes_them(
                               interval=1), writer.answers
             # ...and a proposal of the pipeline waits unacknowledged; the probe goes on
             # meanwhile, so its answers cover the outage until a broker returns.
-            assert wait_until(lambda: bool(writer.write()) and load.waiting_s() > BLOCKED_S,
+            assert wait_until(lambda: bool(writer.write()) and load.waiting_s() > traffic.BLOCKED_S,
                               timeout=FAILOVER_S, interval=1), load.waiting_s()
             outage = list(writer.answers)
             mark = load.after()
@@ -474,7 +382,7 @@ def test_losing_two_brokers_stops_writes_and_one_returning_resumes_them(
         assert load.blocked >= 1, "no proposal of the pipeline was held up by the outage"
         report.notes.append(f"survivor {survivor}; probe answers during the outage "
                             f"{dict(Counter(outage))}; {load.blocked} proposals held up more "
-                            f"than {BLOCKED_S:.0f} s, acknowledged once {first} returned; "
+                            f"than {traffic.BLOCKED_S:.0f} s, acknowledged once {first} returned; "
                             f"{admitted_meanwhile} commands admitted into the ledger meanwhile")
         # The ledger recovers with two brokers; then the second returns too.
         assert harness.settle(p, ops, timeout=2 * harness.SETTLE_S), harness.unsettled(p, ops)
@@ -483,27 +391,3 @@ def test_losing_two_brokers_stops_writes_and_one_returning_resumes_them(
     finally:
         writer.close()
         cluster.start_all()
-
-
-class ProbeWriter:
-    """acks=all writes to one topic, never retried (so the broker's own answer surfaces), on
-    one producer kept until the end (no client is destroyed mid-request, librdkafka #4605)."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.topic = topic
-        self.answers: list[str] = []
-        self._producer = Producer({"bootstrap.servers": bootstrap, "acks": "all",
-                                   "enable.idempotence": False, "retries": 0,
-                                   "message.timeout.ms": 10_000, "log_level": 0})
-
-    def write(self) -> str:
-        """One write: "ok", or the name of the error it got."""
-        answer: list[str] = []
-        self._producer.produce(self.topic, b"probe", on_delivery=lambda err, _msg: answer.append(
-            "ok" if err is None else err.name()))
-        self._producer.flush(15)  # the 10 s delivery timeout answers first
-        self.answers.append(answer[0] if answer else "no answer")
-        return self.answers[-1]
-
-    def close(self) -> None:
-        self._producer.flush(15)
