@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 ENV_FILE := .local/env
 
-.PHONY: help bootstrap up down status migrate demo test test-unit test-repeat lint chaos
+.PHONY: help bootstrap up down status migrate demo test test-unit test-repeat lint chaos hunt
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -49,3 +49,6 @@ lint: bootstrap ## ruff + mypy (strict)
 
 chaos: bootstrap ## Kill real services at every fault point N times each (default 20; `make chaos N=200`), plus the long standby, failover and 3-broker cases
 	@AGENTLEDGER_CHAOS_N=$(or $(N),20) AGENTLEDGER_CHAOS_LONG=1 AGENTLEDGER_CHAOS_FULL=1 $(PY) -m pytest tests/chaos -p no:cacheprovider --timeout=7200
+
+hunt: bootstrap ## The lost-record hunt: restart a private broker under the relay RUNS times (default 500), check every record after each → reports/lost-record/
+	@$(PY) -m tests.lost_record --runs $(or $(RUNS),500)

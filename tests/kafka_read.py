@@ -4,7 +4,7 @@ consumer group, and every record of some topics from their start to their end of
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
@@ -25,9 +25,11 @@ def lag(bootstrap: str, group: str, topic: str) -> int:
         c.close()
 
 
-def read_to_end(bootstrap: str, topics: Sequence[str], *, timeout: float = 120) -> list[Message]:
+def read_to_end(bootstrap: str, topics: Sequence[str], *, timeout: float = 120,
+                since: Mapping[tuple[str, int], int] | None = None) -> list[Message]:
     """Every record of ``topics`` (absent topics have none), each partition read from its
-    start to the end offset it had when the call began; fails on any consumer error."""
+    start (or its offset in ``since``) to the end offset it had when the call began; fails
+    on any consumer error."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4().hex}",
                   "enable.auto.commit": False})
     found: list[Message] = []
@@ -39,11 +41,12 @@ def read_to_end(bootstrap: str, topics: Sequence[str], *, timeout: float = 120) 
                 continue
             for part in meta.partitions:
                 low, high = c.get_watermark_offsets(TopicPartition(name, part), timeout=10)
-                if high > low:
+                if high > max(low, (since or {}).get((name, part), low)):
                     ends[(name, part)] = high
         if not ends:
             return found
-        c.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in ends])
+        c.assign([TopicPartition(t, p, (since or {}).get((t, p), OFFSET_BEGINNING))
+                  for t, p in ends])
         done: set[tuple[str, int]] = set()
 
         def read() -> bool:

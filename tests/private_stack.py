@@ -12,6 +12,7 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,8 +47,9 @@ class PrivateStack:
         )
 
 
-@pytest.fixture(scope="module")
-def private_stack() -> Iterator[PrivateStack]:
+@contextmanager
+def started() -> Iterator[PrivateStack]:
+    """A private Postgres cluster and Kafka broker on free ports, migrated; removed on exit."""
     base = Path(tempfile.mkdtemp(prefix="al-relay-stack-"))
     base.chmod(0o755)  # initdb and postgres run as the `postgres` user when we are root
     (base / "kafka").mkdir()
@@ -78,3 +80,9 @@ def private_stack() -> Iterator[PrivateStack]:
             subprocess.run(["bash", str(SCRIPTS / f"{service}.sh"), "stop"], env=env,
                            check=False, capture_output=True, timeout=120)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def private_stack() -> Iterator[PrivateStack]:
+    with started() as stack:
+        yield stack

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -127,6 +128,72 @@ def drop_slot(url: str, slot: str) -> None:
                         " WHERE slot_name = %s", (slot,))
     finally:
         conn.close()
+
+
+class ResilientAdmitter(threading.Thread):
+    """Admits commands for a few tenants (~150/s), reconnecting while the database is away.
+
+    ``paused`` holds it between commits (the lost-record hunt checks each round at rest);
+    ``new_round`` switches to fresh tenants so a round's ground truth is its tenants' rows."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(name="admitter", daemon=True)
+        self.url = url
+        self.tenants = [uuid.uuid4() for _ in range(4)]
+        self.stop = threading.Event()
+        self.paused = threading.Event()
+        self.idle = threading.Event()  # set while paused and between transactions
+        self.commits = 0
+
+    def new_round(self) -> None:
+        self.tenants = [uuid.uuid4() for _ in range(4)]
+
+    def pause(self, timeout: float = 30) -> None:
+        """Hold the admitter between transactions (returns once it holds)."""
+        self.paused.set()
+        self.idle.clear()
+        assert self.idle.wait(timeout), "the admitter did not pause"
+
+    def resume(self) -> None:
+        self.paused.clear()
+
+    def run(self) -> None:
+        conn = None
+        seq = 0
+        while not self.stop.is_set():
+            if self.paused.is_set():
+                self.idle.set()
+                self.stop.wait(0.05)
+                continue
+            self.idle.clear()
+            try:
+                if conn is None:
+                    conn = psycopg2.connect(self.url, connect_timeout=2)
+                tenant = self.tenants[seq % len(self.tenants)]
+                with conn, conn.cursor() as cur:
+                    admit(cur, new_command(tenant, CONNECTORS[seq % 3]))
+                    add_event(cur, tenant, "outcome", seq)
+                self.commits += 1
+                seq += 1
+                self.stop.wait(0.005)  # ~150 commands/s
+            except psycopg2.Error:
+                if conn is not None:
+                    conn.close()
+                conn = None
+                self.stop.wait(0.2)  # the database is restarting: back off, then retry
+        if conn is not None:
+            conn.close()
+
+    def admitted_keys(self) -> set[str]:
+        """Ground truth: every command of the current tenants whose transaction committed."""
+        conn = psycopg2.connect(self.url)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT tenant_id::text || ':' || operation_id::text FROM agent_command"
+                            " WHERE tenant_id = ANY(%s::uuid[])", ([str(t) for t in self.tenants],))
+                return {row[0] for row in cur.fetchall()}
+        finally:
+            conn.close()
 
 
 @dataclass

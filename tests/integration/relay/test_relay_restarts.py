@@ -13,14 +13,12 @@ import os
 import shutil
 import signal
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import asyncpg
-import psycopg2
 from confluent_kafka.admin import AdminClient
 
 from agentledger.ledger import dispatch
@@ -28,50 +26,6 @@ from tests import kafka_read
 from tests.helpers import wait_until
 from tests.integration.relay import support
 from tests.private_stack import PrivateStack
-
-
-class ResilientAdmitter(threading.Thread):
-    """Admits commands for a few tenants, reconnecting while the database is away."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(name="admitter", daemon=True)
-        self.url = url
-        self.tenants = [uuid.uuid4() for _ in range(4)]
-        self.stop = threading.Event()
-        self.commits = 0
-
-    def run(self) -> None:
-        conn = None
-        seq = 0
-        while not self.stop.is_set():
-            try:
-                if conn is None:
-                    conn = psycopg2.connect(self.url, connect_timeout=2)
-                tenant = self.tenants[seq % len(self.tenants)]
-                with conn, conn.cursor() as cur:
-                    support.admit(cur, support.new_command(tenant, support.CONNECTORS[seq % 3]))
-                    support.add_event(cur, tenant, "outcome", seq)
-                self.commits += 1
-                seq += 1
-                self.stop.wait(0.005)  # ~150 commands/s
-            except psycopg2.Error:
-                if conn is not None:
-                    conn.close()
-                conn = None
-                self.stop.wait(0.2)  # the database is restarting: back off, then retry
-        if conn is not None:
-            conn.close()
-
-    def admitted_keys(self) -> set[str]:
-        """Ground truth: every command whose transaction committed, outcome known or not."""
-        conn = psycopg2.connect(self.url)
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SELECT tenant_id::text || ':' || operation_id::text FROM agent_command"
-                            " WHERE tenant_id = ANY(%s::uuid[])", ([str(t) for t in self.tenants],))
-                return {row[0] for row in cur.fetchall()}
-        finally:
-            conn.close()
 
 
 def _events(relay: support.Relay) -> str:
@@ -132,7 +86,7 @@ def _under_load(stack: PrivateStack, log_dir: Path, disturb: Callable[[support.R
     tag = uuid.uuid4().hex[:8]
     relay = support.Relay(stack.database_url, stack.bootstrap, f"relay_restart_{tag}",
                           f"rr{tag}.", log_dir)
-    admitter = ResilientAdmitter(stack.database_url)
+    admitter = support.ResilientAdmitter(stack.database_url)
     try:
         # Every acknowledgement is logged with its offset, so a miss can be looked up there.
         proc = relay.start(AGENTLEDGER_RELAY_TRACE_ACKS="true", **relay_env)
