@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 ENV_FILE := .local/env
 
-.PHONY: help bootstrap up down status migrate demo test test-unit test-repeat lint chaos
+.PHONY: help bootstrap up down status migrate demo test test-unit test-repeat lint chaos soak
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -49,3 +49,7 @@ lint: bootstrap ## ruff + mypy (strict)
 
 chaos: bootstrap ## Kill real services at every fault point N times each (default 20; `make chaos N=200`), plus the long standby, failover and 3-broker cases
 	@AGENTLEDGER_CHAOS_N=$(or $(N),20) AGENTLEDGER_CHAOS_LONG=1 AGENTLEDGER_CHAOS_FULL=1 $(PY) -m pytest tests/chaos -p no:cacheprovider --timeout=7200
+
+soak: ## Mixed load on a private 3-broker cluster + synchronous standby while faults strike; a checker over the whole history (`make soak MINUTES=5 [SEED=1]`) → reports/soak.*
+	@AGENTLEDGER_EXTRAS=dev,bench bash deploy/local/bootstrap.sh
+	@$(PY) -m tests.soak --minutes $(or $(MINUTES),5) $(if $(SEED),--seed $(SEED))
