@@ -163,20 +163,34 @@ def effects_match(history: History, snap: Snapshot) -> Finding:
     return found
 
 
+def why_unknown_is_wrong(cmd: Command, contract: Contract | None) -> str | None:
+    """Why this ``unknown`` is not one the contract allows (None: it is allowed, and final
+    until an operator acts). A keyed connector with lookup has its unknowns looked up again
+    by the reconciler: only one held for an operator stays."""
+    if contract is None:
+        return f"unknown on {cmd.connector}, whose contract is not known"
+    if contract.lookup:
+        if not any(hold in (cmd.reason or "") for hold in OPERATOR_HOLDS):
+            return f"unknown on a connector with lookup, not held for an operator: {cmd.reason!r}"
+    elif cmd.attempts == 0:
+        return "unknown though no attempt was ever made"
+    return None
+
+
+def settled(cmd: Command, contracts: Mapping[str, Contract]) -> bool:
+    """Whether nothing more will happen to the command without an operator."""
+    return cmd.state in TERMINAL or (
+        cmd.state == "unknown" and why_unknown_is_wrong(cmd, contracts.get(cmd.connector)) is None)
+
+
 def unknown_allowed(history: History, snap: Snapshot) -> Finding:
     found = Finding("unknown_allowed")
     for op, cmd in sorted(snap.commands.items()):
         if cmd.state != "unknown":
             continue
-        contract = snap.contracts.get(cmd.connector)
-        if contract is None:
-            found.violated(f"{op}: unknown on {cmd.connector}, whose contract is not known")
-        elif contract.lookup:
-            if not any(hold in (cmd.reason or "") for hold in OPERATOR_HOLDS):
-                found.violated(f"{op} ({cmd.action}): unknown on a connector with lookup, not "
-                               f"held for an operator: {cmd.reason!r}")
-        elif cmd.attempts == 0:
-            found.violated(f"{op} ({cmd.action}): unknown though no attempt was ever made")
+        wrong = why_unknown_is_wrong(cmd, snap.contracts.get(cmd.connector))
+        if wrong is not None:
+            found.violated(f"{op} ({cmd.action}): {wrong}")
     return found
 
 

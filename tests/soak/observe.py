@@ -112,6 +112,7 @@ class TopicWatcher:
     def __init__(self, p: Pipeline, history: History) -> None:
         self.p, self.history = p, history
         self.read = 0
+        self.refused: set[str] = set()  # operation ids admission refused (an answer seen)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="soak-topics", daemon=True)
 
@@ -137,6 +138,8 @@ class TopicWatcher:
                     self.read += 1
                     value = json.loads(msg.value() or b"{}")
                     if msg.topic() == admissions:
+                        if value.get("status") in ("rejected", "conflict"):
+                            self.refused.add(str(value.get("operation_id")))
                         self.history.append("admission", operation_id=value.get("operation_id"),
                                             status=value.get("status"),
                                             reason_code=value.get("reason_code"))
@@ -157,8 +160,8 @@ def contracts(p: Pipeline) -> dict[str, checker.Contract]:
             for name, c in crm_connectors.registry(p.crm.url).items()}
 
 
-def snapshot(p: Pipeline, acked: set[str]) -> checker.Snapshot:
-    """The settled end of the soak. ``acked``: the operation ids the load proposed."""
+def commands(p: Pipeline) -> dict[str, checker.Command]:
+    """Every command of the ledger, with its count of attempts."""
     conn = _connect(p.database_url)
     try:
         with conn.cursor() as cur:
@@ -166,11 +169,29 @@ def snapshot(p: Pipeline, acked: set[str]) -> checker.Snapshot:
                         "c.provider_receipt, c.outcome_reason, (SELECT count(*) FROM "
                         "command_attempt a WHERE a.tenant_id = c.tenant_id AND a.operation_id "
                         "= c.operation_id) FROM agent_command c")
-            commands = {r[0]: checker.Command(r[0], r[1], r[2], r[3], r[4], r[5], int(r[6]))
-                        for r in cur.fetchall()}
+            return {r[0]: checker.Command(r[0], r[1], r[2], r[3], r[4], r[5], int(r[6]))
+                    for r in cur.fetchall()}
+    finally:
+        conn.close()
+
+
+def approvals(p: Pipeline) -> dict[str, str]:
+    """Operation id → the state of its latest approval request."""
+    conn = _connect(p.database_url)
+    try:
+        with conn.cursor() as cur:
             cur.execute("SELECT DISTINCT ON (operation_id) operation_id::text, state "
                         "FROM approval_request ORDER BY operation_id, created_at DESC")
-            approvals = dict(cur.fetchall())
+            return dict(cur.fetchall())
+    finally:
+        conn.close()
+
+
+def snapshot(p: Pipeline, acked: set[str]) -> checker.Snapshot:
+    """The settled end of the soak. ``acked``: the operation ids the load proposed."""
+    conn = _connect(p.database_url)
+    try:
+        with conn.cursor() as cur:
             cur.execute("SELECT operation_id::text, event_id::text, type FROM audit_event "
                         "WHERE operation_id IS NOT NULL")
             ledger_audit: dict[str, dict[str, str]] = defaultdict(dict)
@@ -188,11 +209,12 @@ def snapshot(p: Pipeline, acked: set[str]) -> checker.Snapshot:
         op = json.loads(m.value() or b"{}").get("operation_id")
         if op and "id" in headers:
             topic_audit[op].add(headers["id"])
+    found = commands(p)
     return checker.Snapshot(
-        commands=commands, contracts=contracts(p), effects=effects, stray_effects=tuple(stray),
-        approvals=approvals, published=frozenset(published), ledger_audit=dict(ledger_audit),
+        commands=found, contracts=contracts(p), effects=effects, stray_effects=tuple(stray),
+        approvals=approvals(p), published=frozenset(published), ledger_audit=dict(ledger_audit),
         topic_audit={op: frozenset(ids) for op, ids in topic_audit.items()},
-        explained=asyncio.run(_explain_all(p, list(commands))),
+        explained=asyncio.run(_explain_all(p, list(found))),
         missing_dead_letters=harness.missing_dead_letters(p))
 
 
