@@ -113,7 +113,7 @@ def plot(history: list[dict[str, Any]], path: Path, *, title: str) -> None:
     t0 = next((r["t"] for r in history if r.get("name") == "load_started"), 0.0)
     history = [{**r, "t": r["t"] - t0} for r in history if r["t"] >= t0]
     starts, acked, done = throughput(history)
-    fig, ax = plt.subplots(figsize=(12, 5))
+    fig, ax = plt.subplots(figsize=(12, 6))
     ax.step(starts, [a / BUCKET_S for a in acked], where="post", label="proposals acked / s")
     ax.step(starts, [d / BUCKET_S for d in done], where="post", label="commands terminal / s")
     kinds = sorted({r["fault"] for r in history if r["kind"] == "fault"})
@@ -133,7 +133,8 @@ def plot(history: list[dict[str, Any]], path: Path, *, title: str) -> None:
     ax.set_xlabel("seconds since the load began")
     ax.set_ylabel(f"per second ({BUCKET_S} s buckets)")
     ax.set_title(title)
-    ax.legend(loc="upper left", fontsize="small", ncol=2)
+    # Below the axes: the fault spans and the lines stay readable under it.
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize="small", ncol=4)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
