@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 ENV_FILE := .local/env
 
-.PHONY: help bootstrap up down status migrate demo test test-unit test-repeat lint chaos hunt
+.PHONY: help bootstrap up down status migrate demo test test-unit test-repeat lint chaos soak hunt
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -52,3 +52,7 @@ chaos: bootstrap ## Kill real services at every fault point N times each (defaul
 
 hunt: bootstrap ## The lost-record hunt: restart a private broker under the relay RUNS times (default 500), check every record after each → reports/lost-record/
 	@$(PY) -m tests.lost_record --runs $(or $(RUNS),500)
+
+soak: ## Mixed load on a private 3-broker cluster + synchronous standby while faults strike; a checker over the whole history (`make soak MINUTES=5 [SEED=1]`) → reports/soak.*
+	@AGENTLEDGER_EXTRAS=dev,bench bash deploy/local/bootstrap.sh
+	@$(PY) -m tests.soak --minutes $(or $(MINUTES),5) $(if $(SEED),--seed $(SEED))

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -172,8 +173,9 @@ class KafkaCluster:
         return QuorumState(q["leader"], q["epoch"], tuple(v["id"] for v in q["voters"]))
 
 
-@pytest.fixture(scope="module")
-def kafka_cluster() -> Iterator[KafkaCluster]:
+@contextmanager
+def kafka_cluster_running() -> Iterator[KafkaCluster]:
+    """Start a private cluster on free ports; kill every node and remove its data after."""
     base = Path(tempfile.mkdtemp(prefix="al-kafka-cluster-"))
     (base / "kafka").mkdir()
     (base / "kafka" / "libs").symlink_to(settings.REPO_ROOT / ".local" / "kafka" / "libs")
@@ -201,3 +203,9 @@ def kafka_cluster() -> Iterator[KafkaCluster]:
             subprocess.run(["bash", str(SCRIPT), "kill-node", str(node)], env=env,
                            capture_output=True, timeout=90, check=False)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def kafka_cluster() -> Iterator[KafkaCluster]:
+    with kafka_cluster_running() as cluster:
+        yield cluster

@@ -1,0 +1,39 @@
+"""``python -m tests.soak --minutes N [--seed S]`` (``make soak MINUTES=N``): exit 0 when every
+invariant held, 1 otherwise; the report is reports/soak.json and reports/soak.png."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+from agentledger import settings
+from tests.soak import runner
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    # SIGTERM unwinds like Ctrl-C: the fault in progress heals and everything is stopped.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.soak", description=__doc__)
+    parser.add_argument("--minutes", type=float, required=True, help="how long the load runs")
+    parser.add_argument("--seed", type=int, default=None, help="the run's seed (default: random)")
+    parser.add_argument("--out", default=str(settings.REPO_ROOT / "reports"),
+                        help="where soak.json, soak.png and soak/history.jsonl go")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
+    signal.signal(signal.SIGTERM, _interrupt)
+    print(f"soak: {args.minutes} min, seed {seed}", flush=True)
+    code = runner.run(args.minutes, seed, Path(args.out))
+    print(f"soak: {'every invariant held' if code == 0 else 'INVARIANTS VIOLATED'} "
+          f"(reports in {args.out})", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

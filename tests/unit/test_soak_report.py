@@ -1,0 +1,32 @@
+"""The soak report's arithmetic: how each proposal ended, throughput per 10 s bucket."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.soak import report
+from tests.soak.checker import Command, Snapshot
+
+HISTORY: list[dict[str, Any]] = [
+    {"t": 1.0, "kind": "proposal", "operation_id": "a", "action": "n", "acked": True},
+    {"t": 2.0, "kind": "proposal", "operation_id": "b", "action": "c", "acked": True},
+    {"t": 3.0, "kind": "proposal", "operation_id": "c", "action": "r", "acked": True},
+    {"t": 4.0, "kind": "proposal", "operation_id": "d", "action": "r", "acked": False},
+    {"t": 5.0, "kind": "admission", "operation_id": "b", "status": "rejected",
+     "reason_code": "stale_revision"},
+    {"t": 12.0, "kind": "state", "operation_id": "a", "state": "succeeded"},
+    {"t": 25.0, "kind": "proposal", "operation_id": "e", "action": "n", "acked": True},
+]
+
+
+def test_each_proposal_ends_as_a_state_a_refusal_a_decision_or_nothing() -> None:
+    snap = Snapshot(commands={"a": Command("a", "n", "crm", "succeeded")}, contracts={},
+                    effects={}, approvals={"c": "denied"})
+    assert report.outcomes(HISTORY, snap) == {
+        "a": ("n", "succeeded"), "b": ("c", "rejected:stale_revision"),
+        "c": ("r", "approval denied"), "d": ("r", "not acknowledged"), "e": ("n", "no answer")}
+
+
+def test_throughput_counts_acknowledged_proposals_and_terminal_states_per_bucket() -> None:
+    starts, acked, done = report.throughput(HISTORY)
+    assert (starts, acked, done) == ([0, 10, 20], [3, 0, 1], [0, 1, 0])
