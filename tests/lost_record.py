@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -53,7 +54,12 @@ class Hunt:
         self.relay = support.Relay(stack.database_url, stack.bootstrap, f"hunt_{tag}",
                                    f"hunt{tag}.", log_dir)
         self.topics = [f"{self.relay.namespace}exec.{c}.v1" for c in support.CONNECTORS]
-        self.admitter = support.ResilientAdmitter(stack.database_url)
+        # ~45 commands/s: records in flight at every moment of a restart, at a third of the
+        # CPU of the relay tests' rate (the hunt's figure is restarts, not records).
+        self.admitter = support.ResilientAdmitter(stack.database_url, pace_s=0.02)
+        self.log_at = 0  # the relay's log is read on from here: it grows by a line per record
+        self.acked: set[str] = set()
+        self.felt = 0
         self.ends: dict[tuple[str, int], int] = {}  # read up to here in earlier runs
         self.seen: dict[str, tuple[str, int, int]] = {}  # key -> where it was read
         self.tally: Counter[str] = Counter()
@@ -65,10 +71,24 @@ class Hunt:
         self.admitter.paused.set()
         self.admitter.start()
 
+    def _read_log(self) -> str:
+        """The relay's log lines written since the last call (complete lines only)."""
+        path = self.relay.log_dir / "relay-0.log"
+        with path.open("rb") as f:
+            f.seek(self.log_at)
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self.log_at += len(complete)
+        text = complete.decode(errors="replace")
+        self.acked.update(support.acknowledged_at(text))
+        self.felt += _count(text, FELT)
+        return text
+
     def run(self, n: int) -> dict[str, Any]:
         began = time.monotonic()
         self.admitter.new_round()
-        felt_before = _count(self.relay.log_text(), FELT)
+        self._read_log()
+        felt_before = self.felt
         self.admitter.resume()
         floor = self.admitter.commits
         assert wait_until(lambda: self.admitter.commits >= floor + self.per_run, timeout=60)
@@ -85,11 +105,10 @@ class Hunt:
             at = (r.topic() or "", r.partition() or 0)
             self.ends[at] = max(self.ends.get(at, 0), (r.offset() or 0) + 1)
             self.seen.setdefault((r.key() or b"").decode(), (at[0], at[1], r.offset() or 0))
-        log = self.relay.log_text()
-        acked = support.acknowledged_at(log)
+        self._read_log()
         missing = {k for k in expected if k not in self.seen}
-        unacked = {k for k in expected if k not in acked}
-        felt = _count(log, FELT) - felt_before
+        unacked = {k for k in expected if k not in self.acked}
+        felt = self.felt - felt_before
         result: dict[str, Any] = {
             "run": n, "commands": len(expected), "drained": drained, "felt": felt,
             "missing": len(missing), "unacknowledged": len(unacked),
@@ -97,6 +116,7 @@ class Hunt:
         if missing or unacked or not drained:
             kept = self.out / f"run-{n:04d}"
             kept.mkdir(parents=True, exist_ok=True)
+            log = self.relay.log_text()
             result["verdicts"] = support.explain_misses(self.stack.bootstrap, log, missing)
             result["unacknowledged_keys"] = sorted(unacked)[:20]
             (kept / "relay.log").write_text(log)
@@ -128,14 +148,35 @@ class Hunt:
         self.relay.kill_all()
 
 
+def _all_sessions(path: Path) -> dict[str, int]:
+    """Every run ever recorded under this name (a hunt may be resumed in a new session)."""
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {"sessions": len({r["started"] for r in lines}), "runs": len(lines),
+            "commands": sum(r["commands"] for r in lines),
+            "missing": sum(r["missing"] for r in lines),
+            "unacknowledged": sum(r["unacknowledged"] for r in lines),
+            "undrained_runs": sum(not r["drained"] for r in lines),
+            "unfelt_runs": sum(r["felt"] == 0 for r in lines)}
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")  # unwinds through every cleanup below
+
+
 def main(argv: list[str] | None = None) -> int:
+    # A hunt started in the background ignores SIGINT (the shell's rule for `&` jobs): stop
+    # it with SIGTERM, which here unwinds like Ctrl-C and stops the private stack.
+    signal.signal(signal.SIGTERM, _interrupt)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=500)
     parser.add_argument("--per-run", type=int, default=200,
                         help="commands committed before and again after each restart")
     parser.add_argument("--name", default="hunt",
                         help="results go to reports/lost-record/NAME/ (hunts may run side by side)")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="stop after the run under way when this much time has passed")
     args = parser.parse_args(argv)
+    deadline = None if args.minutes is None else time.monotonic() + 60 * args.minutes
     out = OUT / args.name
     out.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -151,11 +192,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{args.name} run {n}/{args.runs}: {result['commands']} commands, "
                       f"{result['missing']} missing, {result['unacknowledged']} unacknowledged, "
                       f"felt {result['felt']}, {result['seconds']} s", flush=True)
+                if deadline is not None and time.monotonic() > deadline:
+                    break
             end = hunt.reread()
         finally:
             hunt.close()
     summary = {"started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               **dict(hunt.tally), **end}
+               **dict(hunt.tally), **end, "all_sessions": _all_sessions(out / "runs.jsonl")}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     shutil.rmtree(logs, ignore_errors=True)

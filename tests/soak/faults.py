@@ -13,6 +13,7 @@ is merged.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import signal
 from abc import ABC, abstractmethod
@@ -34,6 +35,8 @@ FAILOVER_S = 8 * SESSION_TIMEOUT_S
 # How long the standby's absence must be felt: a commit parked on it (the load proposes
 # several per second, so one parks within a second or two).
 PARKED_S = 60.0
+# How long a provider fault may wait for a matching write (refunds wait for their approval).
+ANSWER_LOST_S = 90.0
 
 
 class NotStruck(AssertionError):
@@ -270,6 +273,41 @@ class StandbyKill(Fault):
         return "standby restarted, streaming sync"
 
 
+class AnswerLost(Fault):
+    """A provider commits a write and its answer never arrives (the connection closes with no
+    response): keyed CRM notes and contact updates are concluded by the reconciler's lookup;
+    a refund (contract ``none``, no lookup) stays ``unknown``, never resent."""
+
+    hold_s = (0.0, 0.0)
+    method: ClassVar[str] = "POST"
+    path_prefix: ClassVar[str]
+
+    def inject(self) -> str:
+        crm = self.target.p.crm
+        match = {"method": self.method, "path_prefix": self.path_prefix}
+        asyncio.run(crm.arm({"match": match, "action": "drop_after_commit", "times": 1}))
+        # Positive marker: the rule was used up, i.e. a matching write committed and its
+        # answer was dropped (the load sends such writes every few seconds).
+        if not wait_until(lambda: not asyncio.run(crm.armed()), timeout=ANSWER_LOST_S):
+            raise NotStruck(f"no {self.method} {self.path_prefix} in {ANSWER_LOST_S:.0f} s")
+        return f"a {self.method} {self.path_prefix} committed, its answer dropped"
+
+    def heal(self) -> str:
+        asyncio.run(self.target.p.crm.disarm())
+        return "no fault armed at the provider"
+
+
+class NoteAnswerLost(AnswerLost):
+    kind = "provider:note-answer-lost"
+    path_prefix = "/v1/customers/"
+
+
+class RefundAnswerLost(AnswerLost):
+    kind = "provider:refund-answer-lost"
+    path_prefix = "/v1/refunds"
+
+
 REGISTRY: tuple[type[Fault], ...] = (
     KillRelay, KillAdmission, KillExecutorCrm, KillExecutorBilling, KillReconciler,
-    BrokerKill, BrokerStop, PrimaryRestart, StandbyStall, StandbyKill)
+    BrokerKill, BrokerStop, PrimaryRestart, StandbyStall, StandbyKill,
+    NoteAnswerLost, RefundAnswerLost)

@@ -82,6 +82,13 @@ class Crm:
             r = await admin.post("/admin/faults", json=rule)
         assert r.status_code == 201, r.text
 
+    async def armed(self) -> list[dict[str, Any]]:
+        """The rules still armed (a rule used up is gone)."""
+        async with self.admin() as admin:
+            r = await admin.get("/admin/faults")
+        assert r.status_code == 200, r.text
+        return list(r.json()["rules"])
+
     async def disarm(self) -> None:
         async with self.admin() as admin:
             r = await admin.delete("/admin/faults")

@@ -131,14 +131,14 @@ def drop_slot(url: str, slot: str) -> None:
 
 
 class ResilientAdmitter(threading.Thread):
-    """Admits commands for a few tenants (~150/s), reconnecting while the database is away.
+    """Admits commands for a few tenants (~150/s by default), reconnecting while the database is away.
 
     ``paused`` holds it between commits (the lost-record hunt checks each round at rest);
     ``new_round`` switches to fresh tenants so a round's ground truth is its tenants' rows."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, pace_s: float = 0.005) -> None:
         super().__init__(name="admitter", daemon=True)
-        self.url = url
+        self.url, self.pace_s = url, pace_s
         self.tenants = [uuid.uuid4() for _ in range(4)]
         self.stop = threading.Event()
         self.paused = threading.Event()
@@ -175,7 +175,7 @@ class ResilientAdmitter(threading.Thread):
                     add_event(cur, tenant, "outcome", seq)
                 self.commits += 1
                 seq += 1
-                self.stop.wait(0.005)  # ~150 commands/s
+                self.stop.wait(self.pace_s)  # 0.005: ~150 commands/s
             except psycopg2.Error:
                 if conn is not None:
                     conn.close()
