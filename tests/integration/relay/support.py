@@ -260,8 +260,11 @@ def acknowledged_at(log_text: str) -> dict[str, list[tuple[str, int, int]]]:
         if "event=relay.acked " not in line:
             continue
         fields = dict(w.split("=", 1) for w in line.split() if "=" in w)
+        # offset=None: Kafka reported the write persisted without an offset (an idempotent
+        # retry the broker recognised as a duplicate of one it already has): -1 here.
         places.setdefault(fields["key"], []).append(
-            (fields["topic"], int(fields["partition"]), int(fields["offset"])))
+            (fields["topic"], int(fields["partition"]),
+             -1 if fields["offset"] == "None" else int(fields["offset"])))
     return places
 
 
@@ -284,6 +287,10 @@ def explain_misses(bootstrap: str, log_text: str, missing: Iterable[str]) -> dic
                 low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
                                                            timeout=10)
                 where = f"{topic}[{partition}]@{offset}"
+                if offset < 0:
+                    found.append(f"{topic}[{partition}]: acknowledged as a duplicate, offset "
+                                 "unknown")
+                    continue
                 if offset >= high:
                     found.append(f"{where}: past the end ({high}): the log was truncated")
                     continue
