@@ -16,6 +16,10 @@ PIDFILE="$KDIR/kafka.pid"
 PROPS="$KDIR/server.properties"
 # Bounded heap: the broker shares a 2-core box with Postgres, the services and the tests.
 HEAP_OPTS="${AGENTLEDGER_KAFKA_HEAP_OPTS:--Xms256m -Xmx768m}"
+# The address clients connect to (listened on and advertised). Loopback by default; the
+# partition tests give a private broker an address that network namespaces can reach
+# (tests/netns.py), since a client inside one follows the advertised address.
+KAFKA_HOST="${AGENTLEDGER_KAFKA_HOST:-127.0.0.1}"
 
 fetch() {
   [ -f "$LIBS/.complete" ] && return 0
@@ -30,7 +34,7 @@ fetch() {
 
 configure() {
   mkdir -p "$KDIR/data" "$KDIR/logs"
-  sed -e "s|@DATA@|$KDIR/data|" -e "s|@PORT@|$KAFKA_PORT|g" \
+  sed -e "s|@DATA@|$KDIR/data|" -e "s|@PORT@|$KAFKA_PORT|g" -e "s|@HOST@|$KAFKA_HOST|g" \
       -e "s|@CONTROLLER_PORT@|$KAFKA_CONTROLLER_PORT|g" \
       "$ROOT/deploy/local/kafka/server.properties.in" > "$PROPS"
   if [ ! -f "$KDIR/data/meta.properties" ]; then
@@ -43,7 +47,7 @@ configure() {
   fi
 }
 
-ready() { "$PYTHON" "$ROOT/deploy/local/probe.py" kafka "127.0.0.1:$KAFKA_PORT"; }
+ready() { "$PYTHON" "$ROOT/deploy/local/probe.py" kafka "$KAFKA_HOST:$KAFKA_PORT"; }
 
 start() {
   if pid_alive "$PIDFILE"; then
@@ -52,7 +56,7 @@ start() {
   command -v java >/dev/null || die "java is missing (run: make bootstrap)"
   fetch
   configure
-  log "starting Kafka on 127.0.0.1:$KAFKA_PORT"
+  log "starting Kafka on $KAFKA_HOST:$KAFKA_PORT"
   # setsid: the broker must outlive the shell (and `make`) that started it.
   setsid nohup java $HEAP_OPTS -XX:+UseG1GC \
     -Dlog4j2.configurationFile="$ROOT/deploy/local/kafka/log4j2.xml" \

@@ -12,7 +12,7 @@ from faststream.confluent.opentelemetry import KafkaTelemetryMiddleware
 from agentledger import admission, crypto, errors, identity
 from agentledger.contracts import topics
 from agentledger.kafka import topics as kafka_topics
-from agentledger.ledger import keys
+from agentledger.ledger import keys, repository
 from agentledger.policy import allowlist
 from agentledger.policy import repository as policy_repo
 from agentledger.resources.crm import CrmResolver
@@ -36,6 +36,7 @@ def create_app(settings: AdmissionSettings | None = None) -> FastStream:
     keys_ = identity.KeySet.from_pem(cfg.envelope_keys) if cfg.require_identity else None
 
     async def init(conn: asyncpg.Connection) -> None:
+        repository.bound_silence(conn)  # a silent network fails a statement, never hangs it
         if cfg.db_role:
             await conn.execute(f'SET ROLE "{cfg.db_role}"')
 

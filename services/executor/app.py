@@ -16,7 +16,7 @@ from agentledger.connectors import base, crm
 from agentledger.contracts import topics
 from agentledger.executor import dispatcher, inflight
 from agentledger.kafka import topics as kafka_topics
-from agentledger.ledger import dispatch, keys
+from agentledger.ledger import dispatch, keys, repository
 from agentledger.policy import allowlist
 from agentledger.policy import repository as policy_repo
 from agentledger.services.executor import handlers
@@ -45,6 +45,7 @@ def create_app(settings: ExecutorSettings | None = None) -> FastStream:
         else f"executor-{socket.gethostname()}-{os.getpid()}")
 
     async def init(conn: asyncpg.Connection) -> None:
+        repository.bound_silence(conn)  # a silent network fails a statement, never hangs it
         if cfg.db_role:
             await conn.execute(f'SET ROLE "{cfg.db_role}"')
 

@@ -10,6 +10,7 @@ import asyncpg
 
 from agentledger.connectors import base, crm
 from agentledger.executor import reconciler
+from agentledger.ledger import repository
 from agentledger.services.reconciler.settings import ReconcilerSettings
 
 log = logging.getLogger(__name__)
@@ -19,6 +20,7 @@ async def run(cfg: ReconcilerSettings | None = None) -> None:
     cfg = cfg or ReconcilerSettings.model_validate({})
 
     async def init(conn: asyncpg.Connection) -> None:
+        repository.bound_silence(conn)  # a silent network fails a statement, never hangs it
         if cfg.db_role:
             await conn.execute(f'SET ROLE "{cfg.db_role}"')
 

@@ -12,7 +12,7 @@ import base64
 import json
 import os
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -232,16 +232,21 @@ def _delete_topics(bootstrap: str, ns: str) -> None:
 def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Path,
              *, executor_env: dict[str, str] | None = None,
              env: Mapping[str, Mapping[str, str]] | None = None,
-             console: bool = False, ingress: bool = False) -> Iterator[Pipeline]:
+             console: bool = False, ingress: bool = False,
+             prefix: Mapping[str, Sequence[str]] | None = None,
+             crm_options: Mapping[str, Any] | None = None) -> Iterator[Pipeline]:
     """Start the pipeline; ``env`` adds variables per service name (``relay``, ``admission``,
-    ``executor-crm``, ``executor-billing``, ``reconciler``, ``console``).
+    ``executor-crm``, ``executor-billing``, ``reconciler``, ``console``); ``prefix`` runs a
+    service under a command (``ip netns exec NAME``: in a network namespace, tests/netns.py);
+    ``crm_options`` passes keyword arguments to ``run_crm`` (where it runs and is reached).
 
     ``console`` also starts the approvals console and a second tenant with its own customer
     and principals, known to admission and the console (for tenant-isolation tests)."""
     tag = uuid.uuid4().hex[:8]
     ns, slot = f"e2e{tag}.", f"e2e_{tag}"
     with ExitStack() as stack:
-        crm = stack.enter_context(run_crm(crm_database_url, logs, faults_enabled="true"))
+        crm = stack.enter_context(run_crm(crm_database_url, logs, **{
+            "faults_enabled": "true", **(crm_options or {})}))
         tenant, customer = str(uuid.uuid4()), f"c-{tag}"
         asyncio.run(crm.customer(tenant, customer, email="ada@example.com"))
         tokens = {scope: asyncio.run(crm.token(tenant, scope)) for scope in ("read", "write", "lookup")}
@@ -267,7 +272,7 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
             db = {"AGENTLEDGER_DATABASE_URL": login} if login else {}
             p.services[name] = stack.enter_context(processes.running(
                 module, {**common, **db, **own, **(env or {}).get(name, {})}, logs / f"{name}.log",
-                ready=ready, timeout=timeout))
+                ready=ready, timeout=timeout, prefix=(prefix or {}).get(name, ())))
             p.ready[name] = ready
 
         start("relay", "agentledger.services.relay", {

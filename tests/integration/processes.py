@@ -7,7 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,14 +25,16 @@ def free_port() -> int:
 class Service:
     """A running service process; its output goes to ``log``."""
 
-    def __init__(self, module: str, env: Mapping[str, str], log: Path) -> None:
-        self.module, self.env, self.log = module, dict(env), log
+    def __init__(self, module: str, env: Mapping[str, str], log: Path,
+                 prefix: Sequence[str] = ()) -> None:
+        # ``prefix``: what the command runs under, e.g. ``ip netns exec NAME`` (tests/netns.py).
+        self.module, self.env, self.log, self.prefix = module, dict(env), log, list(prefix)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         out = self.log.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", self.module], env={**os.environ, **self.env},
+            [*self.prefix, sys.executable, "-m", self.module], env={**os.environ, **self.env},
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
         out.close()
@@ -61,10 +63,11 @@ class Service:
 @contextmanager
 def running(
     module: str, env: Mapping[str, str], log: Path, *, ready: Callable[[], bool],
-    timeout: float = 60.0,
+    timeout: float = 60.0, prefix: Sequence[str] = (),
 ) -> Iterator[Service]:
-    """Start ``python -m module`` and wait until ``ready()`` holds (or fail with its log)."""
-    service = Service(module, env, log)
+    """Start ``python -m module`` (under ``prefix``) and wait until ``ready()`` holds (or
+    fail with its log)."""
+    service = Service(module, env, log, prefix)
     service.start()
     try:
         ok = wait_until(lambda: not service.alive() or ready(), timeout=timeout)

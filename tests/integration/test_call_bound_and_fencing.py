@@ -95,6 +95,35 @@ async def test_the_pre_call_check_refuses_an_expired_or_taken_lease_and_renews_n
     assert await _lease(world, taken_op) == newer.lease_until  # the newer holder's, untouched
 
 
+async def test_a_take_over_closes_the_unsent_attempt_of_a_holder_that_never_returns(
+    world: World,
+) -> None:
+    # A holder cut off from the ledger after its claim gives up at its transaction bound and
+    # never writes again (tests/chaos/test_partitions.py): the take-over ends its attempt.
+    # One that was marked as sent may still act: it stays open for the lookup to judge.
+    t = await world.tenant()
+    unsent_op, unsent = await _refund(world, t, "inv-cut")
+    sent_op, sent = await _refund(world, t, "inv-sent")
+    async with world.pool.acquire() as conn:
+        await dispatch.mark_sending(conn, sent, call_s=1.0)
+    async with world.owner.acquire() as conn:
+        await conn.execute("UPDATE agent_command SET lease_until = now() - interval '1 second' "
+                           "WHERE operation_id = ANY($1::uuid[])", [unsent_op, sent_op])
+    for op, old in ((unsent_op, unsent), (sent_op, sent)):
+        async with world.reconciler_pool.acquire() as conn:
+            newer = await dispatch.claim(conn, t.tenant_id, op, worker_id="reconciler-1",
+                                         lease_s=30, take_over=True, kind="lookup")
+            assert newer is not None
+            tried = {a["attempt_id"]: a for a in await dispatch.attempts(conn, t.tenant_id, op)}
+        assert tried[newer.attempt_id]["finished_at"] is None  # the new attempt is open
+        closed = tried[old.attempt_id]
+        if op == unsent_op:
+            assert closed["result"] == "abandoned" and closed["finished_at"] is not None
+            assert "taken over" in closed["detail"]
+        else:
+            assert (closed["result"], closed["finished_at"]) == (None, None)
+
+
 async def test_a_provider_that_hangs_past_the_call_bound_is_unknown_never_success(
     world: World,
 ) -> None:

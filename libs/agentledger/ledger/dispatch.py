@@ -74,7 +74,8 @@ async def claim(
     """Claim a pending command of one of ``connectors`` (or, with ``take_over``, an expired
     or unknown one, whatever its connector: the caller checked it can recover it).
 
-    The claim and its attempt row are written in one transaction. Returns None when the
+    The claim and its attempt row are written in one transaction; a take-over also closes
+    the earlier holders' attempts that were never sent (``abandoned``). Returns None when the
     command is not claimable now: terminal, held by a live lease, locked by another worker,
     or (without ``take_over``) of a connector not in ``connectors``.
     """
@@ -88,6 +89,9 @@ async def claim(
                                     lease_s, list(connectors))
         if row is None:
             return None
+        if take_over:
+            await tx.execute(Q["close_unsent_attempts"], tenant_id, operation_id,
+                             row["fencing_generation"])
         attempt = await tx.fetchrow(
             Q["start_attempt"], tenant_id, operation_id, row["fencing_generation"], worker_id,
             kind, traceparent,

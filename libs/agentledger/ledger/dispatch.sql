@@ -37,6 +37,17 @@ FROM target
 WHERE c.tenant_id = target.tenant_id AND c.operation_id = target.operation_id
 RETURNING c.fencing_generation, c.lease_until, target.previous_state;
 
+-- name: close_unsent_attempts --
+-- At a take-over ($3: the new generation): an earlier holder's attempt never marked as sent is
+-- over — its claim can no longer pass the pre-call check — so it gets its end (R5.6), even if
+-- that holder never reaches the ledger again (cut off, gave up at its transaction bound). One
+-- that may have been sent stays open: only its call bound or a lookup says what it did.
+UPDATE command_attempt
+SET finished_at = now(), result = 'abandoned',
+    detail = 'its claim was taken over after the lease expired; nothing was sent'
+WHERE tenant_id = $1 AND operation_id = $2 AND fencing_generation < $3
+  AND finished_at IS NULL AND sent_at IS NULL;
+
 -- name: start_attempt --
 -- R5.6: one row per execution attempt, written with the claim that authorises it.
 INSERT INTO command_attempt (tenant_id, operation_id, fencing_generation, worker_id, kind,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -30,6 +31,15 @@ Q = sql.load(Path(__file__).with_name("queries.sql"))
 # Admission and claims are a handful of short statements; anything slower is a stuck lock
 # or an overloaded server, and holding the transaction open longer only makes it worse.
 DEFAULT_TX_TIMEOUT_S = 5.0
+# How long data sent to the server may stay unacknowledged before the kernel drops the
+# connection (TCP_USER_TIMEOUT), and when an idle one is probed (keepalive). On a silent
+# network (a partition, a host gone behind NAT) a statement — and the ROLLBACK that follows
+# the client-side timeout above — otherwise waits until the kernel stops retransmitting
+# (~15 min), holding its claim's task, an in-flight slot and a pooled connection
+# (tests/chaos/test_partitions.py). The server's kernel acknowledges in milliseconds even
+# while a statement or a synchronous commit waits, so 10 s never cuts a healthy connection.
+TCP_USER_TIMEOUT_S = 10.0
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_PROBES = 10, 5, 3
 
 
 # SQLSTATE classes the data itself causes: 22 data exception (e.g. 22P05, a NUL in text or
@@ -63,6 +73,28 @@ def driver_error(exc: BaseException) -> errors.StorageError | None:
 
 
 AdmitStatus = Literal["admitted", "replayed", "conflict"]
+
+
+def bound_silence(conn: asyncpg.Connection) -> None:
+    """Make the kernel drop ``conn`` once the server stops acknowledging (a silent network),
+    instead of after its retransmission limit. For a pool's ``init``; a no-op on a Unix
+    socket or where the options do not exist.
+
+    asyncpg has no keepalive or user-timeout setting (MagicStack/asyncpg#606): the options go
+    on its transport's socket, as its maintainers suggest there.
+    """
+    transport = getattr(conn, "_transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
+                        int(TCP_USER_TIMEOUT_S * 1000))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if hasattr(socket, "TCP_KEEPIDLE"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
 
 
 @asynccontextmanager

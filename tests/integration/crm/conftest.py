@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,8 +96,12 @@ class Crm:
 
 
 @contextmanager
-def run_crm(database_url: str, log_dir: Path, **settings: str) -> Iterator[Crm]:
-    """Start ``python -m agentledger.services.crm``, wait for /readyz, stop it at the end."""
+def run_crm(database_url: str, log_dir: Path, *, prefix: Sequence[str] = (),
+            url_host: str = "127.0.0.1", **settings: str) -> Iterator[Crm]:
+    """Start ``python -m agentledger.services.crm``, wait for /readyz, stop it at the end.
+
+    ``prefix`` runs it under another command (``ip netns exec NAME``: in a network
+    namespace, tests/netns.py), reached at ``url_host``."""
     port = _free_port()
     env = {
         **os.environ,
@@ -110,10 +114,10 @@ def run_crm(database_url: str, log_dir: Path, **settings: str) -> Iterator[Crm]:
     log_path = log_dir / f"crm-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "agentledger.services.crm"],
+            [*prefix, sys.executable, "-m", "agentledger.services.crm"],
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )
-        crm = Crm(f"http://127.0.0.1:{port}", database_url, log_path)
+        crm = Crm(f"http://{url_host}:{port}", database_url, log_path)
         try:
             def ready() -> bool:
                 assert process.poll() is None, f"CRM exited:\n{log_path.read_text()}"
