@@ -6,9 +6,8 @@ whole again. The scheduler (tests/soak/runner.py) always runs ``heal()`` after `
 whatever happened in between, interruption included. Adding a fault is adding one class to
 ``REGISTRY``.
 
-Follow-up, not here: link cuts (network namespaces, tests/netns.py, built separately) as a
-``LinkCut`` fault — cut an executor from Postgres, the relay from Kafka — once that module
-is merged.
+A fault that needs something the machine may lack says so in ``available`` (the provider's
+link cut needs network namespaces, so root); the scheduler leaves it out there.
 """
 
 from __future__ import annotations
@@ -23,9 +22,11 @@ from typing import ClassVar
 
 import psycopg2
 
+from tests import netns
 from tests.chaos import harness
 from tests.e2e.pipeline import Pipeline
 from tests.helpers import wait_until
+from tests.integration import processes
 from tests.kafka_cluster import BROKERS, SESSION_TIMEOUT_S, KafkaCluster
 from tests.standby import StandbyPair
 
@@ -50,6 +51,7 @@ class Target:
     p: Pipeline
     cluster: KafkaCluster
     pair: StandbyPair
+    crm_ns: netns.Namespace | None = None
 
 
 class Fault(ABC):
@@ -60,6 +62,11 @@ class Fault(ABC):
 
     def __init__(self, target: Target, rng: random.Random) -> None:
         self.target, self.rng = target, rng
+
+    @classmethod
+    def available(cls, target: Target) -> bool:
+        """Whether this machine and stack can inject it."""
+        return True
 
     @abstractmethod
     def inject(self) -> str:
@@ -307,7 +314,42 @@ class RefundAnswerLost(AnswerLost):
     path_prefix = "/v1/refunds"
 
 
+class ProviderCut(Fault):
+    """The provider's link cut silently (every packet dropped, no RST): calls in flight stall
+    and either finish once TCP retransmits after the heal or meet the call bound and are in
+    doubt; admission's target look-ups and the reconciler's lookups fail meanwhile."""
+
+    kind = "link:provider-cut"
+    # Around the connectors' call bound: some calls survive the cut, some are in doubt.
+    hold_s = (2.0, 20.0)
+
+    @classmethod
+    def available(cls, target: Target) -> bool:
+        return target.crm_ns is not None
+
+    def inject(self) -> str:
+        ns = self.target.crm_ns
+        assert ns is not None
+        before = ns.dropped()
+        ns.cut()
+        # Positive marker: traffic to or from the provider was dropped (the load calls it
+        # every few seconds), not an idle link cut.
+        if not wait_until(lambda: ns.dropped() > before, timeout=60):
+            raise NotStruck("no packet of the provider was dropped in 60 s")
+        return f"provider cut off; {ns.dropped() - before} packets dropped so far"
+
+    def heal(self) -> str:
+        ns = self.target.crm_ns
+        if ns is None:
+            return "nothing to heal"
+        ns.heal()
+        ready = processes.http_ok(f"{self.target.p.crm.url}/readyz")
+        if not wait_until(ready, timeout=60):
+            raise AssertionError("the provider does not answer after the heal")
+        return "provider reachable, /readyz answers"
+
+
 REGISTRY: tuple[type[Fault], ...] = (
     KillRelay, KillAdmission, KillExecutorCrm, KillExecutorBilling, KillReconciler,
     BrokerKill, BrokerStop, PrimaryRestart, StandbyStall, StandbyKill,
-    NoteAnswerLost, RefundAnswerLost)
+    NoteAnswerLost, RefundAnswerLost, ProviderCut)

@@ -68,7 +68,7 @@ class Scheduler:
             if time.monotonic() + LAST_FAULT_S > self.until:
                 continue  # supervising only, until the load ends
             if not bag:
-                bag = list(faults.REGISTRY)
+                bag = [f for f in faults.REGISTRY if f.available(self.target)]
                 self.rng.shuffle(bag)
             try:
                 self.strike(bag.pop()(self.target, self.rng))
@@ -147,7 +147,7 @@ def run(minutes: float, seed: int, out: Path) -> int:
         poller, watcher = observe.LedgerPoller(p, history), observe.TopicWatcher(p, history)
         traffic = load.Load(p, history, seed)
         approver = load.Approver(p, history, seed)
-        scheduler = Scheduler(faults.Target(p, s.cluster, s.pair), history, seed,
+        scheduler = Scheduler(faults.Target(p, s.cluster, s.pair, s.crm_ns), history, seed,
                               until=time.monotonic() + minutes * 60)
         for part in (poller, watcher, approver, traffic, scheduler):
             part.start()

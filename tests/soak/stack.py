@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, ExitStack, contextmanager
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests import netns, partition_env
 from tests.chaos import harness
 from tests.e2e.pipeline import Pipeline, pipeline
 from tests.integration import processes
@@ -49,6 +51,9 @@ class SoakStack:
     p: Pipeline
     crm_database_url: str
     logs: Path
+    # The provider's own network namespace (root only): its link is what `link:provider-cut`
+    # cuts; None where namespaces cannot be made (the link faults are then left out).
+    crm_ns: netns.Namespace | None = None
 
 
 @contextmanager
@@ -77,15 +82,26 @@ def soak_stack(logs: Path) -> Iterator[SoakStack]:
         # Registered after the stack's, so it runs first: every node back before the
         # pipeline stops (its services and clients close against a whole stack).
         stack.callback(_restore, cluster, pair)
-        p = stack.enter_context(pipeline(cluster.bootstrap, pair.primary_url, crm_url, logs,
-                                         env=service_env()))
+        crm_ns, crm_options, crm_reached = None, {}, crm_url
+        if os.geteuid() == 0:
+            # The CRM in a namespace of its own, its database over a second link that no
+            # fault cuts: a cut of the main link partitions the provider from every service.
+            hub = stack.enter_context(partition_env.hub(crm_url))
+            crm_ns = stack.enter_context(netns.Namespace(f"soak{uuid.uuid4().hex[:4]}",
+                                                         extra=("db",)))
+            crm_ns.route(hub.pg, "db")
+            crm_options = {"prefix": crm_ns.argv([]), "url_host": crm_ns.ns_ip,
+                           "host": crm_ns.ns_ip}
+            crm_reached = partition_env.via(crm_url, hub.pg)
+        p = stack.enter_context(pipeline(cluster.bootstrap, pair.primary_url, crm_reached, logs,
+                                         env=service_env(), crm_options=crm_options))
         for name in ("admission", "executor-crm", "executor-billing"):
             p.ready[name] = _group_ready(p, name)
         # Readiness probes hold admin clients: destroyed while the brokers answer (see
         # tests/chaos/test_brokers.py), not at the interpreter's exit.
         stack.callback(gc.collect)
         stack.callback(p.ready.clear)
-        yield SoakStack(cluster, pair, p, crm_url, logs)
+        yield SoakStack(cluster, pair, p, crm_url, logs, crm_ns)
 
 
 def _started_together(stack: ExitStack, *managers: AbstractContextManager[Any]) -> list[Any]:
