@@ -60,6 +60,7 @@ class Hunt:
         self.log_at = 0  # the relay's log is read on from here: it grows by a line per record
         self.acked: set[str] = set()
         self.felt = 0
+        self.offsetless = 0  # acknowledgements without an offset (a duplicate, per the broker)
         self.ends: dict[tuple[str, int], int] = {}  # read up to here in earlier runs
         self.seen: dict[str, tuple[str, int, int]] = {}  # key -> where it was read
         self.tally: Counter[str] = Counter()
@@ -82,13 +83,15 @@ class Hunt:
         text = complete.decode(errors="replace")
         self.acked.update(support.acknowledged_at(text))
         self.felt += _count(text, FELT)
+        self.offsetless += sum(1 for line in text.splitlines()
+                               if "event=relay.acked " in line and "offset=None" in line)
         return text
 
     def run(self, n: int) -> dict[str, Any]:
         began = time.monotonic()
         self.admitter.new_round()
         self._read_log()
-        felt_before = self.felt
+        felt_before, offsetless_before = self.felt, self.offsetless
         self.admitter.resume()
         floor = self.admitter.commits
         assert wait_until(lambda: self.admitter.commits >= floor + self.per_run, timeout=60)
@@ -112,6 +115,7 @@ class Hunt:
         result: dict[str, Any] = {
             "run": n, "commands": len(expected), "drained": drained, "felt": felt,
             "missing": len(missing), "unacknowledged": len(unacked),
+            "offsetless_acks": self.offsetless - offsetless_before,
             "seconds": round(time.monotonic() - began, 1)}
         if missing or unacked or not drained:
             kept = self.out / f"run-{n:04d}"
@@ -156,7 +160,8 @@ def _all_sessions(path: Path) -> dict[str, int]:
             "missing": sum(r["missing"] for r in lines),
             "unacknowledged": sum(r["unacknowledged"] for r in lines),
             "undrained_runs": sum(not r["drained"] for r in lines),
-            "unfelt_runs": sum(r["felt"] == 0 for r in lines)}
+            "unfelt_runs": sum(r["felt"] == 0 for r in lines),
+            "offsetless_acks": sum(r.get("offsetless_acks", 0) for r in lines)}
 
 
 def _interrupt(signum: int, _frame: object) -> None:
