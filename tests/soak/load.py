@@ -80,7 +80,15 @@ class Load:
                 n += 1
                 action = self.rng.choices([a for a, _ in MIX], [w for _, w in MIX])[0]
                 op = uuid.uuid4()
-                arguments, revision, facts = self._arguments(action, n, op)
+                try:
+                    arguments, revision, facts = self._arguments(action, n, op)
+                except httpx.HTTPError as exc:
+                    # The record's revision could not be read (the provider is partitioned
+                    # or down): an agent would not propose blind; the load goes on.
+                    self.history.append("phase", name="load_skipped", action=action,
+                                        error=repr(exc)[:200])
+                    self._stop.wait(PAUSE_S)
+                    continue
                 _, record = self.p.proposal(action, arguments, operation_id=op,
                                             expected_revision=revision,
                                             envelope_ttl_s=harness.ENVELOPE_TTL_S)

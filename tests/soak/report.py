@@ -16,7 +16,7 @@ BUCKET_S = 10
 
 def summary(*, minutes: float, seed: int, history: list[dict[str, Any]],
             snap: checker.Snapshot, findings: list[checker.Finding], settled: bool,
-            errors: list[str], seconds: float) -> dict[str, Any]:
+            errors: list[str], seconds: float, load_intact: bool = True) -> dict[str, Any]:
     struck = [r for r in history if r["kind"] == "fault" and r["phase"] == "struck"]
     decisions = Counter(("approved" if r["approve"] else "denied") + f":{r['result']}"
                         for r in history if r["kind"] == "decision")
@@ -28,8 +28,10 @@ def summary(*, minutes: float, seed: int, history: list[dict[str, Any]],
         "minutes": minutes,
         "seed": seed,
         "seconds": round(seconds),
-        "ok": settled and all(f.violations == 0 for f in findings),
+        # A load that died early leaves faults striking an idle system: not a soak.
+        "ok": settled and load_intact and all(f.violations == 0 for f in findings),
         "settled": settled,
+        "load_intact": load_intact,
         "operations": {
             "proposed": {a: dict(c) for a, c in checker.by_action(history).items()},
             "admitted": len(snap.commands),
@@ -44,6 +46,8 @@ def summary(*, minutes: float, seed: int, history: list[dict[str, Any]],
         "faults": {
             "injected": len(struck),
             "by_kind": dict(Counter(r["fault"] for r in struck)),
+            "not_struck": [r["error"] for r in history
+                           if r["kind"] == "phase" and r.get("name") == "fault_error"],
             "services_restarted_after_exiting_on_their_own": dict(Counter(
                 r["service"] for r in history if r["kind"] == "service_exit")),
         },

@@ -174,6 +174,7 @@ def run(minutes: float, seed: int, out: Path) -> int:
         data = report.write(out, minutes=minutes, seed=seed, history=records, snap=snap,
                      findings=findings, settled=settled,
                      errors=traffic.errors + approver.errors + scheduler.errors,
+                     load_intact=not traffic.errors,
                      seconds=time.monotonic() - started, logs={
                          n: svc.tail(20) for n, svc in p.services.items()})
     return 0 if data["ok"] else 1

@@ -30,3 +30,12 @@ def test_each_proposal_ends_as_a_state_a_refusal_a_decision_or_nothing() -> None
 def test_throughput_counts_acknowledged_proposals_and_terminal_states_per_bucket() -> None:
     starts, acked, done = report.throughput(HISTORY)
     assert (starts, acked, done) == ([0, 10, 20], [3, 0, 1], [0, 1, 0])
+
+
+def test_a_soak_whose_load_died_is_not_ok_even_with_every_invariant_held() -> None:
+    snap = Snapshot(commands={}, contracts={}, effects={}, approvals={})
+    fields: dict[str, Any] = {"minutes": 1.0, "seed": 1, "history": HISTORY, "snap": snap,
+                              "findings": [], "settled": True, "errors": [], "seconds": 60.0}
+    assert report.summary(**fields)["ok"] is True
+    died = report.summary(**fields, load_intact=False)
+    assert (died["ok"], died["load_intact"]) == (False, False)
