@@ -22,6 +22,7 @@ import psycopg2.errors  # type: ignore[import-untyped]
 import psycopg2.extras  # type: ignore[import-untyped]
 
 from agentledger import errors, sql
+from agentledger.ledger import repository as ledger_repository
 from agentledger.relay import routing
 
 log = logging.getLogger(__name__)
@@ -45,10 +46,21 @@ def translated(action: str) -> Iterator[None]:
         raise errors.ReplicationLost(f"{action} failed: {type(exc).__name__}") from exc
 
 
+# The bound the asyncpg pools get from ``ledger.repository.bound_silence``, through libpq's
+# own options: on a silent network (a partition) a sweep, a control query or the replication
+# stream fails after ~10 s instead of waiting out the kernel's retransmissions (~15 min).
+SILENCE: dict[str, int] = {
+    "keepalives": 1, "keepalives_idle": ledger_repository.KEEPALIVE_IDLE_S,
+    "keepalives_interval": ledger_repository.KEEPALIVE_INTERVAL_S,
+    "keepalives_count": ledger_repository.KEEPALIVE_PROBES,
+    "tcp_user_timeout": int(ledger_repository.TCP_USER_TIMEOUT_S * 1000)}
+
+
 def connect(dsn: str) -> Any:
     """A plain autocommit connection for the control queries and the sweep."""
     with translated("connect"):
-        conn = psycopg2.connect(dsn, connect_timeout=5, application_name="agentledger-relay")
+        conn = psycopg2.connect(dsn, connect_timeout=5, application_name="agentledger-relay",
+                                **SILENCE)
         conn.autocommit = True
         return conn
 
@@ -61,6 +73,7 @@ def connect_replication(dsn: str) -> Any:
             connection_factory=psycopg2.extras.LogicalReplicationConnection,
             connect_timeout=5,
             application_name="agentledger-relay",
+            **SILENCE,
         )
 
 
