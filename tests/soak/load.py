@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import threading
 import uuid
 from typing import Any
 
@@ -30,6 +29,7 @@ from agentledger.policy import repository as policy_repo
 from tests.chaos import harness
 from tests.e2e.pipeline import Pipeline
 from tests.soak.history import History
+from tests.soak.worker import Worker
 
 NOTE, CONTACT, REFUND = "crm.note.create", "crm.contact.update", "billing.refund.create"
 # The mix, by weight: mostly notes (the hot path), enough of the others to exercise
@@ -52,24 +52,13 @@ def invoice_of(op: uuid.UUID | str) -> str:
     return f"inv-{uuid.UUID(str(op)).hex}"
 
 
-class Load:
+class Load(Worker):
     def __init__(self, p: Pipeline, history: History, seed: int) -> None:
         self.p, self.history = p, history
         self.rng = random.Random(f"load:{seed}")
         self.errors: list[str] = []
         self._revisions: list[str] = []  # every revision of the record seen, oldest first
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="soak-load", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float) -> None:
-        self._stop.set()
-        self._thread.join(timeout=timeout)
-
-    def alive(self) -> bool:
-        return self._thread.is_alive()
+        Worker.__init__(self, "soak-load")
 
     def _run(self) -> None:
         # Destroyed only here, with nothing in flight (librdkafka #4605).
@@ -140,21 +129,13 @@ class Load:
         return revision
 
 
-class Approver:
+class Approver(Worker):
     """Decides pending requests until stopped; every decision is in the history."""
 
     def __init__(self, p: Pipeline, history: History, seed: int) -> None:
         self.p, self.history, self.seed = p, history, seed
         self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="soak-approver", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float) -> None:
-        self._stop.set()
-        self._thread.join(timeout=timeout)
+        Worker.__init__(self, "soak-approver")
 
     def _run(self) -> None:
         while not self._stop.is_set():

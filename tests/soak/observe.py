@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import uuid
 from collections import Counter, defaultdict
 from datetime import datetime
@@ -29,6 +28,7 @@ from tests.chaos import harness
 from tests.e2e.pipeline import Pipeline
 from tests.soak import checker, load
 from tests.soak.history import History
+from tests.soak.worker import Worker
 
 # Poll period of the ledger and the slot: short, so that the slot check's blind window (a
 # confirm between a commit and the next observation) stays small; cheap (indexed reads).
@@ -47,22 +47,14 @@ def _connect(url: str) -> Any:
     return conn
 
 
-class LedgerPoller:
+class LedgerPoller(Worker):
     def __init__(self, p: Pipeline, history: History) -> None:
         self.p, self.history = p, history
         self.slot = p.services["relay"].env["AGENTLEDGER_RELAY_SLOT"]
         self.seen: dict[str, str] = {}  # operation id → last state seen
         self.rounds = 0
         self._since: datetime | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="soak-ledger", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=60)
+        Worker.__init__(self, "soak-ledger")
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -106,22 +98,14 @@ class LedgerPoller:
                             before=commands + events, after=commands_after + events_after)
 
 
-class TopicWatcher:
+class TopicWatcher(Worker):
     """Admission answers and audit events, recorded as they are read."""
 
     def __init__(self, p: Pipeline, history: History) -> None:
         self.p, self.history = p, history
         self.read = 0
         self.refused: set[str] = set()  # operation ids admission refused (an answer seen)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="soak-topics", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=60)
+        Worker.__init__(self, "soak-topics")
 
     def _run(self) -> None:
         admissions, audit = self.p.topic("agent.admissions.v1"), self.p.topic("audit.events.v1")

@@ -22,6 +22,7 @@ from tests.soak import checker, faults, load, observe, report
 from tests.soak import history as history_mod
 from tests.soak.history import History
 from tests.soak.stack import SERVICES, soak_stack
+from tests.soak.worker import Worker
 
 # Pause between two faults (drawn uniformly): the pipeline shows it carries on in between.
 GAP_S = (4.0, 12.0)
@@ -35,7 +36,7 @@ SETTLE_S = 240.0
 
 
 @dataclass
-class Scheduler:
+class Scheduler(Worker):
     """One fault at a time from the registry, in a seeded order (each kind once per round,
     so a short run still meets every kind); a service that died on its own is restarted, as
     its supervisor would, and recorded."""
@@ -49,16 +50,9 @@ class Scheduler:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(f"faults:{self.seed}")
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="soak-faults", daemon=True)
+        Worker.__init__(self, "soak-faults")
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop after the fault in progress has healed."""
-        self._stop.set()
-        self._thread.join(timeout=600)
+    join_s = 600.0  # ``stop`` returns once the fault in progress has healed
 
     def _run(self) -> None:
         bag: list[type[faults.Fault]] = []
