@@ -121,7 +121,8 @@ def plot(history: list[dict[str, Any]], path: Path, *, title: str) -> None:
     ax.step(starts, [a / BUCKET_S for a in acked], where="post", label="proposals acked / s")
     ax.step(starts, [d / BUCKET_S for d in done], where="post", label="commands terminal / s")
     kinds = sorted({r["fault"] for r in history if r["kind"] == "fault"})
-    colours = {k: plt.get_cmap("tab10")(i % 10) for i, k in enumerate(kinds)}
+    # tab20: a colour for each of up to twenty fault kinds (there are 13 today).
+    colours = {k: plt.get_cmap("tab20")(i % 20) for i, k in enumerate(kinds)}
     opened: dict[str, float] = {}
     labelled: set[str] = set()
     for r in history:
