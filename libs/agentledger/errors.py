@@ -41,6 +41,14 @@ class NotInLedgerYet(StorageError):
     code = "not_in_ledger_yet"
 
 
+class AnswersUndelivered(AgentLedgerError):
+    """Kafka did not acknowledge every answer of a batch: no record of the batch is acked,
+    and the batch is redelivered (its handlers are idempotent)."""
+
+    code = "answers_undelivered"
+    retryable = True
+
+
 class AttemptMayStillAct(AgentLedgerError):
     """An attempt that may have reached the provider is still within its longest call time:
     declaring an outcome now could contradict what it does next (issue 18 §1)."""

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 POINTS = frozenset({
     "admission.before_commit",
+    "batch.mid_publish",               # half of a batch's answers produced, the rest not yet
+    "batch.before_offset_commit",      # every answer delivered, the offsets not committed
     "executor.after_claim",            # after commit, before dispatch
     "executor.before_call",            # after the pre-call check, before the request leaves
     "executor.after_remote_write",     # after the remote write, before the receipt is persisted

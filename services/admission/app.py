@@ -1,16 +1,19 @@
-"""Admission service wiring: broker, database pool, allowlist, resolver, policy."""
+"""Admission service wiring: batch consumer, database pool, allowlist, resolver, policy."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
 from datetime import timedelta
 
 import asyncpg
-from faststream import FastStream
-from faststream.confluent import KafkaBroker
-from faststream.confluent.opentelemetry import KafkaTelemetryMiddleware
+import confluent_kafka
 
 from agentledger import admission, crypto, errors, identity
 from agentledger.contracts import topics
+from agentledger.kafka import batch
 from agentledger.kafka import topics as kafka_topics
 from agentledger.ledger import keys, repository
 from agentledger.policy import allowlist
@@ -19,54 +22,70 @@ from agentledger.resources.crm import CrmResolver
 from agentledger.services.admission import handlers
 from agentledger.services.admission.settings import AdmissionSettings
 
+log = logging.getLogger(__name__)
 
-def create_app(settings: AdmissionSettings | None = None) -> FastStream:
-    cfg = settings or AdmissionSettings.model_validate({})
-    # FastStream's middleware continues each record's context and injects it into what we
-    # publish; the confluent-kafka instrumentation is NOT also used (two traceparent headers).
-    broker = KafkaBroker(cfg.kafka_bootstrap, acks="all", enable_idempotence=True,
-                         client_id="agentledger-admission",
-                         middlewares=(KafkaTelemetryMiddleware(),))
-    app = FastStream(broker)
-    rules = allowlist.Allowlist.load()
-    resolver = CrmResolver(cfg.crm_url, cfg.crm_read_tokens)
-    if cfg.require_identity and not cfg.envelope_keys:
-        raise errors.IdentityRejected(
-            "AGENTLEDGER_ADMISSION_ENVELOPE_KEYS is empty: admission cannot verify identities")
-    keys_ = identity.KeySet.from_pem(cfg.envelope_keys) if cfg.require_identity else None
 
-    async def init(conn: asyncpg.Connection) -> None:
-        repository.bound_silence(conn)  # a silent network fails a statement, never hangs it
-        if cfg.db_role:
-            await conn.execute(f'SET ROLE "{cfg.db_role}"')
+@dataclass
+class AdmissionService:
+    """One admission instance: a consumer group member admitting proposals in batches."""
 
-    state: dict[str, asyncpg.Pool] = {}
+    cfg: AdmissionSettings
 
-    @app.on_startup
-    async def start() -> None:
-        kafka_topics.ensure(cfg.kafka_bootstrap, {
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Serve until SIGTERM/SIGINT (or ``stop``), then finish the batch in hand and leave."""
+        cfg = self.cfg
+        stop = stop or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        rules = allowlist.Allowlist.load()
+        if cfg.require_identity and not cfg.envelope_keys:
+            raise errors.IdentityRejected(
+                "AGENTLEDGER_ADMISSION_ENVELOPE_KEYS is empty: admission cannot verify identities")
+        keys_ = identity.KeySet.from_pem(cfg.envelope_keys) if cfg.require_identity else None
+        await asyncio.to_thread(kafka_topics.ensure, cfg.kafka_bootstrap, {
             cfg.proposals_topic: cfg.partitions, cfg.admissions_topic: cfg.partitions,
             topics.dlq_topic(cfg.proposals_topic): 1,
         }, replication=cfg.kafka_replication_factor)
+
+        async def init(conn: asyncpg.Connection) -> None:
+            repository.bound_silence(conn)  # a silent network fails a statement, never hangs it
+            if cfg.db_role:
+                await conn.execute(f'SET ROLE "{cfg.db_role}"')
+
+        resolver = CrmResolver(cfg.crm_url, cfg.crm_read_tokens)
         pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=cfg.pool_size,
                                          init=init)
-        state["pool"] = pool
-        handlers.register(broker, admission.Admitter(
-            pool=pool, allowlist=rules, resolver=resolver,
-            authorizer=policy_repo.CedarAuthorizer(),
-            cipher=keys.PayloadCipher(crypto.MasterKey.from_b64(cfg.master_key.get_secret_value())),
-            envelope_keys=keys_,
-            budget_limits={"tool_calls": cfg.budget_tool_calls} if cfg.budget_tool_calls else {},
-            decision_ttl=timedelta(seconds=cfg.decision_ttl_s),
-            approval_ttl=timedelta(seconds=cfg.approval_ttl_s),
-        ), group_id=cfg.group_id, proposals_topic=cfg.proposals_topic,
-            admissions_topic=cfg.admissions_topic, group_instance_id=cfg.group_instance_id,
-            session_timeout_ms=cfg.session_timeout_ms)
+        producer = confluent_kafka.Producer(
+            batch.producer_config(cfg.kafka_bootstrap, client_id="agentledger-admission"))
+        try:
+            consumer = confluent_kafka.Consumer(batch.consumer_config(
+                cfg.kafka_bootstrap, group_id=cfg.group_id,
+                group_instance_id=cfg.group_instance_id,
+                session_timeout_ms=cfg.session_timeout_ms, client_id="agentledger-admission"))
+            consumer.subscribe([cfg.proposals_topic])
+            admitter = admission.Admitter(
+                pool=pool, allowlist=rules, resolver=resolver,
+                authorizer=policy_repo.CedarAuthorizer(),
+                cipher=keys.PayloadCipher(
+                    crypto.MasterKey.from_b64(cfg.master_key.get_secret_value())),
+                envelope_keys=keys_,
+                budget_limits={"tool_calls": cfg.budget_tool_calls} if cfg.budget_tool_calls
+                else {},
+                decision_ttl=timedelta(seconds=cfg.decision_ttl_s),
+                approval_ttl=timedelta(seconds=cfg.approval_ttl_s),
+            )
+            log.info("event=admission_started topic=%s group=%s", cfg.proposals_topic,
+                     cfg.group_id)
+            await batch.BatchConsumer(
+                consumer, producer, handlers.handler(admitter, cfg.admissions_topic),
+                max_records=cfg.batch_size, concurrency=cfg.concurrency,
+            ).run(stop)
+        finally:
+            await asyncio.to_thread(producer.flush, 10)
+            await resolver.aclose()
+            await pool.close()
 
-    @app.after_shutdown
-    async def stop() -> None:
-        await resolver.aclose()
-        if "pool" in state:
-            await state["pool"].close()
 
-    return app
+def create_app(settings: AdmissionSettings | None = None) -> AdmissionService:
+    return AdmissionService(settings or AdmissionSettings.model_validate({}))

@@ -45,4 +45,8 @@ class AdmissionSettings(BaseSettings):
     # Each proposal holds one connection for one short transaction; 10 keeps headroom
     # for the resolver latency without crowding Postgres' connection limit.
     pool_size: int = 10
+    # Records taken per batch, and proposals of one batch admitted at once (each resolves
+    # its target first, then waits for a pooled connection).
+    batch_size: int = 500
+    concurrency: int = 32
     decision_ttl_s: float = 900.0

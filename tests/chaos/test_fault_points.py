@@ -22,7 +22,8 @@ def _assert_zeros(report: harness.PointReport) -> None:
             report.redispatched_successes) == (0, 0, 0, 0), report
 
 
-def _run(p: Pipeline, point: str, service: str, *, refunds: bool = False) -> harness.PointReport:
+def _run(p: Pipeline, point: str, service: str, *, refunds: bool = False,
+         burst: int = 1) -> harness.PointReport:
     started, baseline = time.monotonic(), harness.effect_baseline(p)
     report = harness.PointReport(point)
     ops: dict[uuid.UUID, str] = {}
@@ -35,7 +36,8 @@ def _run(p: Pipeline, point: str, service: str, *, refunds: bool = False) -> har
             assert wait_until(lambda op=op: p.pending_approval(op), timeout=60)
             p.approve(op)
         else:
-            harness.note(p, ops)()
+            for _ in range(burst):
+                harness.note(p, ops)()
         harness.wait_killed(p, service)
         report.kills += 1
     harness.restart(p, service, None)
@@ -47,6 +49,20 @@ def _run(p: Pipeline, point: str, service: str, *, refunds: bool = False) -> har
 def test_kill_admission_before_its_commit(chaos: Pipeline) -> None:
     report = _run(chaos, "admission.before_commit", "admission")
     assert report.unknowns == 0  # nothing was dispatched twice or lost: all notes succeed
+    _assert_zeros(report)
+
+
+def test_kill_admission_halfway_through_publishing_a_batchs_answers(chaos: Pipeline) -> None:
+    # Issue 20: a batch's commands are committed, half its answers produced, none delivered
+    # for sure, no offset committed: the batch is redelivered and replays; nothing doubles.
+    report = _run(chaos, "batch.mid_publish", "admission", burst=5)
+    assert report.unknowns == 0
+    _assert_zeros(report)
+
+
+def test_kill_admission_after_its_answers_before_the_offset_commit(chaos: Pipeline) -> None:
+    report = _run(chaos, "batch.before_offset_commit", "admission", burst=5)
+    assert report.unknowns == 0
     _assert_zeros(report)
 
 

@@ -76,9 +76,24 @@ def headers_of(msg: KafkaMessage) -> dict[str, bytes]:
     raw = msg.raw_message
     if not isinstance(raw, confluent_kafka.Message):
         raise TypeError("batch messages have no single header set")
-    # confluent-kafka's stubs type headers loosely; at runtime they are (str, bytes | None).
-    pairs: list[tuple[str, bytes | None]] = list(raw.headers() or [])  # type: ignore[arg-type]
+    return raw_headers(raw)
+
+
+def raw_headers(msg: confluent_kafka.Message) -> dict[str, bytes]:
+    """A raw record's headers as a dict (the last value of a repeated name wins)."""
+    pairs: list[tuple[str, bytes | None]] = list(msg.headers() or [])  # type: ignore[arg-type]
     return {name: value for name, value in pairs if isinstance(value, bytes)}
+
+
+def undecodable_headers(msg: confluent_kafka.Message) -> list[str]:
+    """The names of the record's headers whose values are not UTF-8."""
+    bad = []
+    for name, value in raw_headers(msg).items():
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError:
+            bad.append(name)
+    return bad
 
 
 # Set by ``tolerant_parser`` on a record one of whose header values is not UTF-8.
@@ -96,14 +111,7 @@ async def tolerant_parser(msg: confluent_kafka.Message,
     Every subscriber passes ``parser=tolerant_parser``.
     """
     pairs: list[tuple[str, bytes | None]] = list(msg.headers() or [])  # type: ignore[arg-type]
-    bad = []
-    for name, value in pairs:
-        if value is None:
-            continue
-        try:
-            value.decode("utf-8")
-        except UnicodeDecodeError:
-            bad.append(name)
+    bad = undecodable_headers(msg)
     if bad:
         fixed: list[tuple[str, str | bytes | None]] = [
             (n, v.decode("utf-8", "replace").encode() if v is not None else v) for n, v in pairs]
