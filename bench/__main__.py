@@ -29,6 +29,7 @@ from agentledger import settings
 from bench import admission, databases, e2e, peer, pg_limit, profile, relay_lag, report
 
 RESULTS = Path(__file__).resolve().parent / "results"
+_ONLY: set[str] = set()  # --only: the phases to run (empty: every phase)
 
 
 def _git(*args: str) -> str:
@@ -43,6 +44,8 @@ def _load() -> str:
 
 def _phase(name: str, details: dict[str, Any], errors: dict[str, str],
            fn: Callable[[], dict[str, Any]]) -> None:
+    if _ONLY and name not in _ONLY:
+        return
     print(f"bench: {name} ...", file=sys.stderr, flush=True)
     began = time.monotonic()
     try:
@@ -62,8 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="py-spy the admission service and an executor during their bursts")
     parser.add_argument("--skip-peer", action="store_true")
+    parser.add_argument("--only", default="",
+                        help="comma-separated phases to run (pg_limit, admission, "
+                             "admission_service, relay_lag, e2e, peer); default: all")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    _ONLY.update(filter(None, args.only.split(",")))
     # Phase lengths: long enough for a steady state on this box, short enough for ~8 min.
     burst = 300 if args.quick else 900
     seconds = 3.0 if args.quick else 6.0
