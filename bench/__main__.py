@@ -26,7 +26,17 @@ from pathlib import Path
 from typing import Any
 
 from agentledger import settings
-from bench import admission, databases, e2e, peer, pg_limit, profile, relay_lag, report
+from bench import (
+    admission,
+    databases,
+    e2e,
+    http_clients,
+    peer,
+    pg_limit,
+    profile,
+    relay_lag,
+    report,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 _ONLY: set[str] = set()  # --only: the phases to run (empty: every phase)
@@ -66,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="py-spy the admission service and an executor during their bursts")
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--only", default="",
-                        help="comma-separated phases to run (pg_limit, admission, "
+                        help="comma-separated phases to run (http_clients, pg_limit, admission, "
                              "admission_service, relay_lag, e2e, peer); default: all")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -88,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     details: dict[str, Any] = {}
     errors: dict[str, str] = {}
     boot = common.kafka_bootstrap
+    _phase("http_clients", details, errors, http_clients.run)
     with databases.Databases(common.database_url, tag) as dbs:
         _phase("pg_limit", details, errors, lambda: pg_limit.run(dbs.fresh("pg"), seconds))
         _phase("admission", details, errors,

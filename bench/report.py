@@ -38,6 +38,8 @@ ROWS: list[tuple[str, str, str]] = [
     ("peer_cpu_s_per_1000", "CPU s", "the peer's CPU per 1,000 commands (burst)"),
     ("admission_library_cpu_s_per_1000", "CPU s", "in-process Admitter CPU per 1,000 admissions"),
     ("admission_service_cpu_s_per_1000", "CPU s", "admission service CPU per 1,000 admissions"),
+    ("http_httpx_cpu_ms", "CPU ms", "httpx: client CPU per keep-alive GET, 32 in flight"),
+    ("http_aiohttp_cpu_ms", "CPU ms", "aiohttp (connectors, resolvers): the same"),
 ]
 
 
@@ -77,6 +79,10 @@ def figures(details: dict[str, Any]) -> dict[str, Any]:
             (r["cpu_s_per_1000"] for r in _get(adm, "admission_library") or []
              if r.get("cpu_s_per_1000") is not None), default=None),
         "admission_service_cpu_s_per_1000": _get(svc, "admission_service", "cpu_s_per_1000"),
+        "http_httpx_cpu_ms": _get(details.get("http_clients"), "http_client_cpu_ms_per_request",
+                                  "httpx"),
+        "http_aiohttp_cpu_ms": _get(details.get("http_clients"),
+                                    "http_client_cpu_ms_per_request", "aiohttp"),
     }
     f["admission_ratio"] = stats.ratio(f["admission_tps"], f["pg_limit_tps"])
     f["admission_ratio_full"] = stats.ratio(f["admission_tps"], f["pg_limit_full_tps"])

@@ -51,6 +51,10 @@ def _translated() -> Iterator[None]:
         raise errors.StorageError() from exc
 
 
+# Authenticated tokens kept in memory (a bounded map; the oldest sighting goes first).
+PRINCIPALS_KEPT = 10_000
+
+
 def token_digest(token: str) -> bytes:
     """What the CRM stores and looks up instead of the token itself."""
     return hashlib.sha256(token.encode()).digest()
@@ -165,6 +169,7 @@ class Store:
 
     def __init__(self, pool: asyncpg.Pool, *, retention_seconds: float) -> None:
         self._pool = pool
+        self._principals: dict[bytes, Principal] = {}  # token digest → who it speaks for
         self._retention_seconds = retention_seconds
 
     @classmethod
@@ -200,11 +205,25 @@ class Store:
             await self._pool.fetchval(QUERIES["ping"], timeout=ACQUIRE_TIMEOUT_SECONDS)
 
     async def authenticate(self, token: str) -> Principal | None:
+        """Who the token speaks for; None for a token never issued.
+
+        An issued token never changes (there is no revocation), so a found one is kept in
+        memory: the read path's hot routes no longer query the database per request. Unknown
+        tokens are not cached: one issued a moment later must work at once.
+        """
+        digest = token_digest(token)
+        known = self._principals.get(digest)
+        if known is not None:
+            return known
         with _translated():
-            row = await self._pool.fetchrow(QUERIES["find_token"], token_digest(token))
+            row = await self._pool.fetchrow(QUERIES["find_token"], digest)
         if row is None:
             return None
-        return Principal(row["tenant_id"], frozenset(models.Scope(s) for s in row["scopes"]))
+        found = Principal(row["tenant_id"], frozenset(models.Scope(s) for s in row["scopes"]))
+        if len(self._principals) >= PRINCIPALS_KEPT:
+            self._principals.pop(next(iter(self._principals)))  # the oldest sighting
+        self._principals[digest] = found
+        return found
 
     async def issue_token(self, tenant_id: str, scopes: Sequence[models.Scope],
                           label: str = "") -> str:

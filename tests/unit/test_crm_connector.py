@@ -1,17 +1,20 @@
-"""The CRM connectors without a network (httpx.MockTransport): what they send, how answers
+"""The CRM connectors against a provider stand-in on loopback: what they send, how answers
 are classified, what they declare (issue 18 §1)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
 import pydantic
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from agentledger.connectors import base, crm
 from agentledger.executor import dispatcher
@@ -26,45 +29,68 @@ REFUND_CALL = base.Call(uuid.uuid4(), OP, "billing.refund.create", "c-1",
                          "currency": "EUR", "reason": "late"}, None, fencing_generation=7)
 
 
-def _client(answer: Callable[[httpx.Request], httpx.Response], seen: list[httpx.Request]
-            ) -> httpx.AsyncClient:
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return answer(request)
-    return httpx.AsyncClient(base_url="http://crm.test", transport=httpx.MockTransport(handler))
+@dataclasses.dataclass
+class Seen:
+    method: str
+    path: str
+    headers: Any
+    body: bytes
 
 
-def _created(request: httpx.Request) -> httpx.Response:
-    return httpx.Response(201, json={"note_id": "n-1", "refund_id": "r-1"})
+Answer = Callable[[Seen], web.Response]
 
 
-def _error(status: int, code: str) -> Callable[[httpx.Request], httpx.Response]:
-    return lambda request: httpx.Response(status, json={"error": {"code": code, "message": "x"}})
+@contextlib.asynccontextmanager
+async def serving(answer: Answer) -> AsyncIterator[tuple[str, list[Seen]]]:
+    """A provider on loopback answering every request with ``answer``; what it saw."""
+    seen: list[Seen] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        seen.append(Seen(request.method, request.path, request.headers, await request.read()))
+        return answer(seen[-1])
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("")), seen
+    finally:
+        await server.close()
+
+
+def _created(_seen: Seen) -> web.Response:
+    return web.json_response({"note_id": "n-1", "refund_id": "r-1"}, status=201)
 
 
 async def test_a_note_carries_its_key_and_its_claims_generation() -> None:
-    seen: list[httpx.Request] = []
-    connector = crm.CrmConnector("http://crm.test", client=_client(_created, seen))
-    assert isinstance(await connector.execute(NOTE_CALL, "tok"), base.Applied)
+    async with serving(_created) as (url, seen):
+        connector = crm.CrmConnector(url)
+        assert isinstance(await connector.execute(NOTE_CALL, "tok"), base.Applied)
+        await connector.aclose()
     headers = seen[0].headers
+    assert (seen[0].method, seen[0].path) == ("POST", "/v1/customers/c-1/notes")
     assert (headers["idempotency-key"], headers["fencing-token"], headers["fencing-key"]) == (
         str(OP), "3", str(OP))
+    assert headers["authorization"] == "Bearer tok" and json.loads(seen[0].body) == {"body": "hello"}
 
 
 async def test_a_refund_carries_a_fencing_key_and_no_idempotency_key() -> None:
-    seen: list[httpx.Request] = []
-    connector = crm.BillingConnector("http://crm.test", client=_client(_created, seen))
-    assert isinstance(await connector.execute(REFUND_CALL, "tok"), base.Applied)
+    async with serving(_created) as (url, seen):
+        connector = crm.BillingConnector(url)
+        assert isinstance(await connector.execute(REFUND_CALL, "tok"), base.Applied)
+        await connector.aclose()
     headers = seen[0].headers
     assert (headers["fencing-token"], headers["fencing-key"]) == ("7", str(OP))
     assert "idempotency-key" not in headers
-    assert json.loads(seen[0].content)["amount_cents"] == 900
+    assert json.loads(seen[0].body)["amount_cents"] == 900
 
 
 async def test_a_call_without_a_generation_sends_no_fencing_headers() -> None:
-    seen: list[httpx.Request] = []
-    connector = crm.CrmConnector("http://crm.test", client=_client(_created, seen))
-    await connector.execute(dataclasses.replace(NOTE_CALL, fencing_generation=None), "tok")
+    async with serving(_created) as (url, seen):
+        connector = crm.CrmConnector(url)
+        await connector.execute(dataclasses.replace(NOTE_CALL, fencing_generation=None), "tok")
+        await connector.aclose()
     assert "fencing-token" not in seen[0].headers and "fencing-key" not in seen[0].headers
 
 
@@ -75,16 +101,49 @@ async def test_a_call_without_a_generation_sends_no_fencing_headers() -> None:
     (422, {"error": {"code": "stale_fencing_token", "message": "x"}}, base.Refused),
     (412, {"error": {"code": "precondition_failed", "message": "x"}}, base.PreconditionFailed),
     (503, {"error": {"code": "storage_unavailable", "message": "x"}}, base.InDoubt),
+    (201, "applied, but not json", base.InDoubt),
 ])
 async def test_answers_are_classified(status: int, body: Any, expected: type) -> None:
-    def answer(request: httpx.Request) -> httpx.Response:
+    def answer(_seen: Seen) -> web.Response:
         if isinstance(body, str):
-            return httpx.Response(status, text=body)
-        return httpx.Response(status, json=body)
-    for connector in (crm.CrmConnector("http://crm.test", client=_client(answer, [])),
-                      crm.BillingConnector("http://crm.test", client=_client(answer, []))):
-        call = NOTE_CALL if connector.name == "crm" else REFUND_CALL
-        assert type(await connector.execute(call, "tok")) is expected
+            return web.Response(status=status, text=body)
+        return web.json_response(body, status=status)
+    async with serving(answer) as (url, _seen):
+        for connector in (crm.CrmConnector(url), crm.BillingConnector(url)):
+            call = NOTE_CALL if connector.name == "crm" else REFUND_CALL
+            assert type(await connector.execute(call, "tok")) is expected
+            await connector.aclose()
+
+
+async def test_a_refused_connection_is_not_sent_and_a_dropped_answer_is_in_doubt() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    connector = crm.CrmConnector(closed)
+    assert isinstance(await connector.execute(NOTE_CALL, "tok"), base.NotSent)
+    await connector.aclose()
+
+    def hang_up(_seen: Seen) -> web.Response:
+        raise ConnectionResetError("the provider went away after reading the request")
+    async with serving(hang_up) as (url, seen):
+        connector = crm.CrmConnector(url)
+        assert isinstance(await connector.execute(NOTE_CALL, "tok"), base.InDoubt)
+        await connector.aclose()
+    assert len(seen) == 1  # it arrived: in doubt, never "not sent"
+
+
+async def test_a_lookup_finds_the_effect_or_says_it_is_not_there() -> None:
+    def answer(seen: Seen) -> web.Response:
+        if seen.path.endswith(str(OP)):
+            return web.json_response({"status": 201, "response": {"note_id": "n-9"}})
+        return web.json_response({"error": {"code": "not_found"}}, status=404)
+    async with serving(answer) as (url, seen):
+        connector = crm.CrmConnector(url)
+        found = await connector.lookup(NOTE_CALL, "tok")
+        missing = await connector.lookup(dataclasses.replace(NOTE_CALL, operation_id=uuid.uuid4()), "tok")
+        await connector.aclose()
+    assert found == base.Applied("crm:note:n-9", replayed=True) and isinstance(missing, base.NotFound)
+    assert seen[0].path == f"/v1/operations/{OP}" and seen[0].method == "GET"
 
 
 def test_both_connectors_declare_fencing_and_a_call_bound_from_their_timeouts() -> None:

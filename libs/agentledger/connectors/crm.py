@@ -12,19 +12,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
+from urllib.parse import quote
 
-import httpx
+import aiohttp
 
+from agentledger import httpclient
 from agentledger.connectors import base
 
-# Connect fast-fail: a refused connection proves nothing was sent, so it is retried cheaply.
-# The read timeout bounds a silent provider; the whole call is bounded by CALL_TIMEOUT_S.
-TIMEOUT = httpx.Timeout(connect=2.0, read=5.0, write=5.0, pool=2.0)
+# Phases of one call: waiting for a pooled connection, connecting, writing, reading.
+POOL_S, CONNECT_S, WRITE_S, READ_S = 2.0, 2.0, 5.0, 5.0
 # The longest one call may take: each phase at most once (a JSON request and answer of a few
-# hundred bytes are one write and one read). httpx's read timeout bounds inactivity, not the
-# whole answer, so the executor enforces this total itself; it is under ledger MAX_CALL_S.
-CALL_TIMEOUT_S = sum(t or 0.0 for t in (TIMEOUT.pool, TIMEOUT.connect, TIMEOUT.write,
-                                        TIMEOUT.read))
+# hundred bytes are one write and one read). The client enforces it as the request's total
+# and the executor enforces it again around the call; it is under ledger MAX_CALL_S.
+CALL_TIMEOUT_S = POOL_S + CONNECT_S + WRITE_S + READ_S
+# Connect fast-fail (pool wait and connect): a connection never made proves nothing was
+# sent, so it is retried cheaply. The read timeout bounds a silent provider.
+TIMEOUT = aiohttp.ClientTimeout(total=CALL_TIMEOUT_S, connect=POOL_S + CONNECT_S,
+                                sock_read=READ_S)
 # What the CRM answers, with 409, to a generation lower than one it has seen for the key.
 STALE_FENCING_TOKEN = "stale_fencing_token"  # noqa: S105 - an error code, not a secret
 # The provider documents a 24 h key retention; recovery by resend must happen inside it.
@@ -40,7 +44,7 @@ def _receipt(kind: str, body: Mapping[str, Any], key: str) -> str:
     return f"crm:{kind}:key={key}"
 
 
-def _error_code(response: httpx.Response) -> str | None:
+def _error_code(response: httpclient.Answer) -> str | None:
     try:
         error = response.json().get("error")
     except (ValueError, AttributeError):
@@ -56,10 +60,14 @@ def fencing_headers(call: base.Call) -> dict[str, str]:
     return {"Fencing-Token": str(call.fencing_generation), "Fencing-Key": call.idempotency_key}
 
 
-def _classify(response: httpx.Response, kind: str, key: str) -> base.Result:
-    status = response.status_code
+def _classify(response: httpclient.Answer, kind: str, key: str) -> base.Result:
+    status = response.status
     if status in (200, 201):
-        return base.Applied(_receipt(kind, response.json(), key),
+        try:
+            body = response.json()
+        except ValueError:
+            return base.InDoubt(f"provider answered {status} with a body that is not JSON")
+        return base.Applied(_receipt(kind, body if isinstance(body, dict) else {}, key),
                             replayed=response.headers.get("Idempotent-Replayed") == "true")
     if status in (412, 428):
         return base.PreconditionFailed(f"provider answered {status}: the record changed")
@@ -72,20 +80,21 @@ def _classify(response: httpx.Response, kind: str, key: str) -> base.Result:
 
 
 class _Http:
-    def __init__(self, base_url: str, client: httpx.AsyncClient | None) -> None:
-        self.client = client or httpx.AsyncClient(base_url=base_url, timeout=TIMEOUT)
+    def __init__(self, base_url: str) -> None:
+        self.client = httpclient.Client(base_url, timeout=TIMEOUT)
 
     async def send(self, method: str, path: str, token: str, *, kind: str, key: str,
                    json: Mapping[str, Any], headers: Mapping[str, str] | None = None
                    ) -> base.Result:
         try:
             response = await self.client.request(
-                method, path, json=dict(json),
+                method, path, json=json,
                 headers={"Authorization": f"Bearer {token}", **(headers or {})},
             )
-        except httpx.ConnectError as exc:
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            # No connection was made (refused, unreachable, no pooled connection in time).
             return base.NotSent(f"connection failed: {type(exc).__name__}")
-        except (httpx.TimeoutException, httpx.TransportError) as exc:
+        except (aiohttp.ClientError, TimeoutError) as exc:
             # Sent (or partly sent) and no complete answer: the effect may exist (R6.1).
             return base.InDoubt(f"no answer: {type(exc).__name__}")
         return _classify(response, kind, key)
@@ -100,15 +109,15 @@ class CrmConnector:
                              call_timeout_s=CALL_TIMEOUT_S, fencing=True)
     scopes: frozenset[base.Scope] = frozenset({"write", "lookup"})
 
-    def __init__(self, base_url: str, *, client: httpx.AsyncClient | None = None) -> None:
-        self._http = _Http(base_url, client)
+    def __init__(self, base_url: str) -> None:
+        self._http = _Http(base_url)
 
     async def execute(self, call: base.Call, token: str) -> base.Result:
         key = call.idempotency_key
         headers = {"Idempotency-Key": key, **fencing_headers(call)}
         if call.expected_revision is not None:
             headers["If-Match"] = f'"{call.expected_revision}"'
-        customer = call.arguments["customer_id"]
+        customer = quote(call.arguments["customer_id"], safe="")
         if call.action == "crm.note.create":
             return await self._http.send(
                 "POST", f"/v1/customers/{customer}/notes", token, kind="note", key=key,
@@ -121,17 +130,22 @@ class CrmConnector:
 
     async def lookup(self, call: base.Call, token: str) -> base.Lookup:
         try:
-            response = await self._http.client.get(
-                f"/v1/operations/{call.idempotency_key}",
+            response = await self._http.client.request(
+                "GET", f"/v1/operations/{quote(call.idempotency_key, safe='')}",
                 headers={"Authorization": f"Bearer {token}"},
             )
-        except httpx.HTTPError as exc:
+        except (aiohttp.ClientError, TimeoutError) as exc:
             return base.InDoubt(f"lookup failed: {type(exc).__name__}")
-        if response.status_code == 404:
+        if response.status == 404:
             return base.NotFound()
-        if response.status_code != 200:
-            return base.InDoubt(f"lookup answered {response.status_code}")
-        op = response.json()
+        if response.status != 200:
+            return base.InDoubt(f"lookup answered {response.status}")
+        try:
+            op = response.json()
+        except ValueError:
+            return base.InDoubt("lookup answered 200 with a body that is not JSON")
+        if not isinstance(op, dict):
+            return base.InDoubt("lookup answered 200 with a body that is not an object")
         kind = "note" if call.action == "crm.note.create" else "contact"
         if op.get("status") in (200, 201):
             return base.Applied(_receipt(kind, op.get("response") or {}, call.idempotency_key),
@@ -150,8 +164,8 @@ class BillingConnector:
     contract = base.Contract("none", call_timeout_s=CALL_TIMEOUT_S, fencing=True)
     scopes: frozenset[base.Scope] = frozenset({"write"})
 
-    def __init__(self, base_url: str, *, client: httpx.AsyncClient | None = None) -> None:
-        self._http = _Http(base_url, client)
+    def __init__(self, base_url: str) -> None:
+        self._http = _Http(base_url)
 
     async def execute(self, call: base.Call, token: str) -> base.Result:
         args = call.arguments

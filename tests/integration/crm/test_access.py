@@ -168,3 +168,21 @@ async def test_text_the_database_cannot_store_is_refused_with_a_422_not_an_outag
     assert refused.status_code == 422, refused.text
     assert refused.json()["error"]["code"] == "unstorable_input"
     assert await crm.effects(t.tenant_id) == []
+
+
+async def test_a_remembered_token_keeps_exactly_its_tenant_and_scopes(crm: Crm) -> None:
+    # Issue 20 §4: found tokens are kept in memory; the second sighting of each must answer
+    # exactly as the first (scopes and tenant), and tokens must never stand in for each other.
+    a, b = await crm.new_tenant(), await crm.new_tenant()
+    read_a, write_a = await crm.token(a.tenant_id, "read"), await crm.token(a.tenant_id, "write")
+    for _ in range(2):
+        async with crm.client(read_a) as c:
+            assert (await c.get(f"/v1/customers/{a.customer_id}")).status_code == 200
+            assert (await c.get(f"/v1/customers/{b.customer_id}")).status_code == 404
+            assert (await c.post(f"/v1/customers/{a.customer_id}/notes", json=NOTE)).status_code == 403
+        async with crm.client(write_a) as c:
+            assert (await c.get(f"/v1/customers/{a.customer_id}")).status_code == 403
+        async with crm.client(b.token) as c:
+            assert (await c.get(f"/v1/customers/{b.customer_id}")).status_code == 200
+            assert (await c.get(f"/v1/customers/{a.customer_id}")).status_code == 404
+    assert await crm.effects(a.tenant_id) == []
