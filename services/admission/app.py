@@ -59,11 +59,11 @@ class AdmissionService:
         producer = confluent_kafka.Producer(
             batch.producer_config(cfg.kafka_bootstrap, client_id="agentledger-admission"))
         try:
-            consumer = confluent_kafka.Consumer(batch.consumer_config(
+            connect = batch.connector(batch.consumer_config(
                 cfg.kafka_bootstrap, group_id=cfg.group_id,
                 group_instance_id=cfg.group_instance_id,
-                session_timeout_ms=cfg.session_timeout_ms, client_id="agentledger-admission"))
-            consumer.subscribe([cfg.proposals_topic])
+                session_timeout_ms=cfg.session_timeout_ms, client_id="agentledger-admission"),
+                [cfg.proposals_topic])
             admitter = admission.Admitter(
                 pool=pool, allowlist=rules, resolver=resolver,
                 authorizer=policy_repo.CedarAuthorizer(),
@@ -78,7 +78,7 @@ class AdmissionService:
             log.info("event=admission_started topic=%s group=%s", cfg.proposals_topic,
                      cfg.group_id)
             await batch.BatchConsumer(
-                consumer, producer, handlers.handler(admitter, cfg.admissions_topic),
+                connect, producer, handlers.handler(admitter, cfg.admissions_topic),
                 max_records=cfg.batch_size, concurrency=cfg.concurrency,
             ).run(stop)
         finally:

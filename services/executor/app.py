@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import signal
 import socket
+from dataclasses import dataclass
 
 import asyncpg
-from faststream import FastStream
-from faststream.confluent import KafkaBroker
-from faststream.confluent.opentelemetry import KafkaTelemetryMiddleware
+import confluent_kafka
 
 from agentledger import crypto
 from agentledger.connectors import base, crm
 from agentledger.contracts import topics
 from agentledger.executor import dispatcher, inflight
+from agentledger.kafka import batch
 from agentledger.kafka import topics as kafka_topics
 from agentledger.ledger import dispatch, keys, repository
 from agentledger.policy import allowlist
@@ -25,62 +27,78 @@ from agentledger.services.executor.settings import ExecutorSettings
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: ExecutorSettings | None = None) -> FastStream:
-    cfg = settings or ExecutorSettings.model_validate({})
-    topic = cfg.exec_topic or topics.exec_topic(cfg.connector)
-    group = cfg.group_id or f"agentledger-executor-{cfg.connector}"
-    # One propagator per client: FastStream's middleware (never also confluent's instrumentation).
-    broker = KafkaBroker(cfg.kafka_bootstrap, acks="all", enable_idempotence=True,
-                         client_id=f"agentledger-executor-{cfg.connector}",
-                         middlewares=(KafkaTelemetryMiddleware(),))
-    app = FastStream(broker)
-    rules = allowlist.Allowlist.load()
-    connectors = {name: c for name, c in crm.registry(cfg.crm_url).items()
-                  if name == cfg.connector}
-    running = inflight.InFlight(cfg.max_in_flight)
-    state: dict[str, asyncpg.Pool] = {}
-    stable = cfg.group_instance_id is not None  # Kafka admits one live member per id
-    worker_id = cfg.worker_id or (
-        f"executor-{cfg.connector}-{cfg.group_instance_id}" if cfg.group_instance_id
-        else f"executor-{socket.gethostname()}-{os.getpid()}")
+@dataclass
+class ExecutorService:
+    """One executor instance: a consumer group member claiming exec records in batches."""
 
-    async def init(conn: asyncpg.Connection) -> None:
-        repository.bound_silence(conn)  # a silent network fails a statement, never hangs it
-        if cfg.db_role:
-            await conn.execute(f'SET ROLE "{cfg.db_role}"')
+    cfg: ExecutorSettings
 
-    @app.on_startup
-    async def start() -> None:
-        kafka_topics.ensure(cfg.kafka_bootstrap,
-                            {topic: cfg.partitions, topics.dlq_topic(topic): 1},
-                            replication=cfg.kafka_replication_factor)
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Serve until SIGTERM/SIGINT (or ``stop``); then drain in-flight calls and leave."""
+        cfg = self.cfg
+        stop = stop or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        topic = cfg.exec_topic or topics.exec_topic(cfg.connector)
+        group = cfg.group_id or f"agentledger-executor-{cfg.connector}"
+        client_id = f"agentledger-executor-{cfg.connector}"
+        rules = allowlist.Allowlist.load()
+        connectors = {name: c for name, c in crm.registry(cfg.crm_url).items()
+                      if name == cfg.connector}
+        running = inflight.InFlight(cfg.max_in_flight)
+        stable = cfg.group_instance_id is not None  # Kafka admits one live member per id
+        worker_id = cfg.worker_id or (
+            f"executor-{cfg.connector}-{cfg.group_instance_id}" if cfg.group_instance_id
+            else f"executor-{socket.gethostname()}-{os.getpid()}")
+
+        async def init(conn: asyncpg.Connection) -> None:
+            repository.bound_silence(conn)  # a silent network fails a statement, never hangs
+            if cfg.db_role:
+                await conn.execute(f'SET ROLE "{cfg.db_role}"')
+
+        await asyncio.to_thread(kafka_topics.ensure, cfg.kafka_bootstrap,
+                                {topic: cfg.partitions, topics.dlq_topic(topic): 1},
+                                replication=cfg.kafka_replication_factor)
         pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=cfg.pool_size,
                                          init=init)
-        state["pool"] = pool
-        if stable:
-            # Our predecessor under this identity is gone (Kafka admits one live static
-            # member per id): its claims need not wait out their leases (issue 18 §4).
-            async with pool.acquire() as conn:
-                ended = await dispatch.end_leases_of(conn, worker_id)
-            log.info("event=predecessor_claims_released worker_id=%s count=%d", worker_id, ended)
-        handlers.register(broker, dispatcher.Dispatcher(
-            pool=pool, connectors=connectors,
-            credentials=base.Credentials("write", cfg.write_tokens),
-            cipher=keys.PayloadCipher(crypto.MasterKey.from_b64(cfg.master_key.get_secret_value())),
-            authorizer=policy_repo.CedarAuthorizer(), allowlist=rules,
-            worker_id=worker_id,
-            lease_s=cfg.lease_s, max_generations=cfg.max_generations,
-            call_timeout_s=cfg.call_timeout_s,
-        ), running, topic=topic, group_id=group, group_instance_id=cfg.group_instance_id,
-            session_timeout_ms=cfg.session_timeout_ms)
+        producer = confluent_kafka.Producer(
+            batch.producer_config(cfg.kafka_bootstrap, client_id=client_id))
+        try:
+            if stable:
+                # Our predecessor under this identity is gone (Kafka admits one live static
+                # member per id): its claims need not wait out their leases (issue 18 §4).
+                async with pool.acquire() as conn:
+                    ended = await dispatch.end_leases_of(conn, worker_id)
+                log.info("event=predecessor_claims_released worker_id=%s count=%d",
+                         worker_id, ended)
+            work = dispatcher.Dispatcher(
+                pool=pool, connectors=connectors,
+                credentials=base.Credentials("write", cfg.write_tokens),
+                cipher=keys.PayloadCipher(
+                    crypto.MasterKey.from_b64(cfg.master_key.get_secret_value())),
+                authorizer=policy_repo.CedarAuthorizer(), allowlist=rules,
+                worker_id=worker_id,
+                lease_s=cfg.lease_s, max_generations=cfg.max_generations,
+                call_timeout_s=cfg.call_timeout_s,
+            )
+            connect = batch.connector(batch.consumer_config(
+                cfg.kafka_bootstrap, group_id=group, group_instance_id=cfg.group_instance_id,
+                session_timeout_ms=cfg.session_timeout_ms, client_id=client_id), [topic])
+            log.info("event=executor_started topic=%s group=%s worker_id=%s", topic, group,
+                     worker_id)
+            await batch.BatchConsumer(
+                connect, producer, handlers.handler(work, running),
+                max_records=cfg.batch_size, concurrency=cfg.max_in_flight,
+            ).run(stop)
+        finally:
+            # Finish in-flight calls (their claims) before closing the pool.
+            await running.drain(cfg.drain_s)
+            await asyncio.to_thread(producer.flush, 10)
+            for connector in connectors.values():
+                await connector.aclose()
+            await pool.close()
 
-    @app.after_shutdown
-    async def stop() -> None:
-        # Finish in-flight calls (their claims) before closing the pool.
-        await running.drain(cfg.drain_s)
-        for connector in connectors.values():
-            await connector.aclose()
-        if "pool" in state:
-            await state["pool"].close()
 
-    return app
+def create_app(settings: ExecutorSettings | None = None) -> ExecutorService:
+    return ExecutorService(settings or ExecutorSettings.model_validate({}))

@@ -52,3 +52,5 @@ class ExecutorSettings(BaseSettings):
     drain_s: float = 45.0
     pool_size: int = 20
     partitions: int = 6
+    # Records taken per batch; claims of one batch run concurrently, up to max_in_flight.
+    batch_size: int = 500

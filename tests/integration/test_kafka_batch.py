@@ -39,12 +39,11 @@ def _produce(stack: Stack, topic: str, records: list[tuple[int, bytes, list[tupl
 
 
 def _runner(stack: Stack, topic: str, group: str, handle: Any) -> batch.BatchConsumer[dict[str, Any]]:
-    consumer = confluent_kafka.Consumer(batch.consumer_config(
+    connect = batch.connector(batch.consumer_config(
         stack.kafka_bootstrap, group_id=group, group_instance_id=None, session_timeout_ms=10_000,
-        client_id="test-batch"))
-    consumer.subscribe([topic])
+        client_id="test-batch"), [topic])
     producer = confluent_kafka.Producer(batch.producer_config(stack.kafka_bootstrap, client_id="test-batch"))
-    return batch.BatchConsumer(consumer, producer, batch.Handler(
+    return batch.BatchConsumer(connect, producer, batch.Handler(
         parse=lambda m: json.loads(m.value()), handle=handle), pauses_s=(0.05,))
 
 
@@ -83,7 +82,7 @@ async def test_a_retryable_record_is_redelivered_alone_and_every_answer_leaves_o
         # Committed past every record: every answer was delivered before that commit.
         await _drive(runner, lambda: _committed(stack, topic, group, 2) == [4, 2])
     finally:
-        runner.consumer.close()
+        await runner.close()
     assert attempts["a2"] == 2 and runner.stats.rewinds == 1
     # Acked before the failure: never handled again. a3 may have run once before the rewind.
     assert [attempts[n] for n in ("a0", "a1", "b0", "b1")] == [1, 1, 1, 1]
@@ -106,7 +105,7 @@ async def test_poison_goes_to_the_dead_letter_topic_alone_and_the_partition_move
     try:
         await _drive(runner, lambda: _committed(stack, topic, group, 1) == [4])
     finally:
-        runner.consumer.close()
+        await runner.close()
     assert sorted(seen) == ["ok0", "ok3"]
     dead = [json.loads(r.value()) for r in read_to_end(stack.kafka_bootstrap, [topic.removesuffix(".v1") + ".dlq.v1"])]
     assert sorted((d["offset"], d["error_code"]) for d in dead) == [(1, "poison_message"), (2, "poison_message")]

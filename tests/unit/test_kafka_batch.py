@@ -46,8 +46,10 @@ class Msg:
     def headers(self) -> list[tuple[str, bytes]]:
         return self._headers
 
-    def error(self) -> None:
-        return None
+    _error: confluent_kafka.KafkaError | None = None
+
+    def error(self) -> confluent_kafka.KafkaError | None:
+        return self._error
 
 
 @dataclass
@@ -55,6 +57,10 @@ class Consumer:
     batches: list[list[Msg]]
     commits: list[list[tuple[str, int, int]]] = field(default_factory=list)
     seeks: list[tuple[str, int, int]] = field(default_factory=list)
+    closed: bool = False
+
+    def close(self) -> None:
+        self.closed = True
 
     def poll(self, _timeout: float) -> Msg | None:
         if not self.batches or not self.batches[0]:
@@ -97,7 +103,7 @@ class Producer:
 def runner(consumer: Consumer, producer: Producer, handle: Any,
            chain: Any = lambda item: item.get("chain")) -> batch.BatchConsumer[dict[str, Any]]:
     return batch.BatchConsumer(
-        consumer, producer,  # type: ignore[arg-type]
+        lambda: consumer, producer,  # type: ignore[arg-type,return-value]
         batch.Handler(parse=lambda m: json.loads(m.value()), handle=handle, chain=chain),
         pauses_s=(0.0,))
 
@@ -200,7 +206,7 @@ async def test_the_redelivery_pause_grows_and_resets(monkeypatch: pytest.MonkeyP
 
     batches = [msgs(0, {"name": "a"}) for _ in range(4)]
     c, p = Consumer(batches), Producer()
-    consumer = batch.BatchConsumer(c, p, batch.Handler(  # type: ignore[arg-type]
+    consumer = batch.BatchConsumer(lambda: c, p, batch.Handler(  # type: ignore[arg-type,return-value]
         parse=lambda m: json.loads(m.value()), handle=handle), pauses_s=(0.1, 0.2, 0.4))
     monkeypatch.setattr(batch.asyncio, "sleep", fake_sleep)
     for _ in range(3):
@@ -209,3 +215,24 @@ async def test_the_redelivery_pause_grows_and_resets(monkeypatch: pytest.MonkeyP
     await consumer.step()
     assert paused == [0.1, 0.2, 0.4]
     assert consumer._failures == 0 and c.commits[-1] == [("t.v1", 0, 1)]
+
+
+async def test_a_fatal_consumer_error_replaces_the_consumer_and_acks_nothing() -> None:
+    # A static member fenced by its own rejoin never consumes again (librdkafka #3437).
+    fenced = Msg("t.v1", 0, 0, None)
+    fenced._error = confluent_kafka.KafkaError(confluent_kafka.KafkaError.FENCED_INSTANCE_ID,
+                                               "fenced", fatal=True)
+    first = Consumer([[fenced, *msgs(0, {"name": "lost-with-it"})]])
+    second = Consumer([msgs(0, {"name": "a"})])
+    made = iter([first, second])
+    p = Producer()
+    consumer = batch.BatchConsumer(lambda: next(made), p, batch.Handler(  # type: ignore[arg-type,return-value]
+        parse=lambda m: json.loads(m.value()), handle=lambda item, _m: _answer(item)))
+    assert await consumer.step() == 0
+    assert first.closed and first.commits == [] and p.sent == []
+    assert await consumer.step() == 1
+    assert second.commits == [[("t.v1", 0, 1)]] and p.sent == [("answers", b"a")]
+
+
+async def _answer(item: dict[str, Any]) -> Sequence[batch.Output]:
+    return answer(item)

@@ -99,7 +99,8 @@ REDELIVERY_PAUSES_S = (0.2, 0.4, 0.8, 1.6, 3.2, 5.0)
 class BatchConsumer(Generic[T]):
     """A consumer group member that handles its records in batches (see the module text)."""
 
-    consumer: confluent_kafka.Consumer
+    # Makes a subscribed consumer: called at start, and again after a fatal consumer error.
+    connect: Callable[[], confluent_kafka.Consumer]
     producer: confluent_kafka.Producer
     handler: Handler[T]
     max_records: int = 500
@@ -109,6 +110,13 @@ class BatchConsumer(Generic[T]):
     pauses_s: Sequence[float] = REDELIVERY_PAUSES_S
     stats: Stats = field(default_factory=Stats)
     _failures: int = 0
+    _consumer: confluent_kafka.Consumer | None = None
+
+    @property
+    def consumer(self) -> confluent_kafka.Consumer:
+        if self._consumer is None:
+            self._consumer = self.connect()
+        return self._consumer
 
     async def run(self, stop: asyncio.Event) -> None:
         """Handle batches until ``stop`` is set, then leave the group."""
@@ -116,7 +124,12 @@ class BatchConsumer(Generic[T]):
             while not stop.is_set():
                 await self.step()
         finally:
-            await asyncio.to_thread(self.consumer.close)
+            await self.close()
+
+    async def close(self) -> None:
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            await asyncio.to_thread(consumer.close)
 
     async def step(self) -> int:
         """Handle one batch; returns how many records it held (0 when the poll timed out)."""
@@ -158,15 +171,27 @@ class BatchConsumer(Generic[T]):
         newer clients, returns the first 200 ms chunk: neither gives low latency at low rates
         and full batches at high rates, which this does on every client version.
         """
-        first = self.consumer.poll(self.poll_timeout_s)
+        consumer = self.consumer
+        first = consumer.poll(self.poll_timeout_s)
         if first is None:
             return []
-        more = self.consumer.consume(self.max_records - 1, 0) if self.max_records > 1 else []
+        more = consumer.consume(self.max_records - 1, 0) if self.max_records > 1 else []
         out = []
         for msg in (first, *more):
             error = msg.error()
             if error is None:
                 out.append(msg)
+            elif error.fatal():
+                # E.g. a static member fenced by its own rejoin (librdkafka #3437): this
+                # consumer will never consume again. A new one rejoins the group and resumes
+                # from the committed offsets; nothing of this batch was acked.
+                log.error("event=consumer_fatal error=%s: reconnecting", error)
+                self._consumer = None
+                try:
+                    consumer.close()
+                except (confluent_kafka.KafkaException, RuntimeError) as exc:
+                    log.warning("event=consumer_close_failed error=%s", exc)
+                return []
             elif error.code() != confluent_kafka.KafkaError._PARTITION_EOF:
                 log.warning("event=consume_error error=%s", error)
         return out
@@ -297,6 +322,16 @@ def _behind(msg: confluent_kafka.Message, rewind: Mapping[tuple[str, int], int])
 def _poison(exc: BaseException) -> errors.AgentLedgerError:
     error = handling.classify(exc)
     return error if not error.retryable else errors.PoisonMessage(error.message)
+
+
+def connector(config: Mapping[str, Any], topics_: Sequence[str]
+              ) -> Callable[[], confluent_kafka.Consumer]:
+    """``BatchConsumer.connect`` for a configuration and the topics to subscribe to."""
+    def connect() -> confluent_kafka.Consumer:
+        consumer = confluent_kafka.Consumer(dict(config))
+        consumer.subscribe(list(topics_))
+        return consumer
+    return connect
 
 
 def consumer_config(bootstrap: str, *, group_id: str, group_instance_id: str | None,
