@@ -6,6 +6,7 @@
 - ``runner``: each case through the real retrieval → planning → validation → policy path;
 - ``scoring``: the per-candidate table and ``reports/eval.json``;
 - ``shadow``: a candidate planner beside the production one on live requests, whose
-  proposals are marked ``shadow`` and only recorded for comparison;
-- ``shadow_marker``: the ledger's shadow flag, which the executor refuses to dispatch.
+  proposals are marked ``shadow`` and only recorded for comparison. The ledger's shadow
+  flag (migration 0009) comes with every command the executor loads, which refuses to
+  dispatch a shadow command.
 """

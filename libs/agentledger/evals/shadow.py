@@ -10,7 +10,7 @@ The candidate can never write:
 - it is marked ``shadow`` (admission refuses it: ``errors.ShadowRefused``) and carries no
   identity envelope (admission could not verify it even with the flag removed);
 - and should a shadow command reach the ledger anyway, the executor denies it before any
-  connector call (``shadow_marker``).
+  connector call (the ledger's ``shadow`` flag, loaded with the command).
 
 The candidate never slows or breaks production: it runs after production returned, bounded
 in number (a full house skips the comparison, counted) and in time, and its failures are

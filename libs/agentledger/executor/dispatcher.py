@@ -25,7 +25,6 @@ from opentelemetry.trace import Link, Span, SpanKind
 
 from agentledger import errors, faults
 from agentledger.connectors import base
-from agentledger.evals import shadow_marker
 from agentledger.ledger import dispatch, keys, repository
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import decision as decision_mod
@@ -61,6 +60,7 @@ class Begun:
     disposition: Disposition
     claim: dispatch.Claim | None = None
     state: str | None = None
+    row: asyncpg.Record | None = None  # the command as loaded before the claim
 
 
 @dataclass
@@ -81,6 +81,9 @@ class Dispatcher:
     call_timeout_s: float | None = None
     # The dispatch span opened by ``begin`` for a claim (by attempt id), closed by ``complete``.
     _spans: dict[UUID, Span] = field(default_factory=dict, init=False, repr=False)
+    # The command row ``begin`` loaded for a claim (by attempt id), for ``complete``: every
+    # field it reads is frozen at admission, so it is not loaded twice.
+    _rows: dict[UUID, asyncpg.Record] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for connector in self.connectors.values():
@@ -122,6 +125,8 @@ class Dispatcher:
         else:
             span.set_attribute(spans.GENERATION, begun.claim.generation)
             self._spans[begun.claim.attempt_id] = span
+            if begun.row is not None:
+                self._rows[begun.claim.attempt_id] = begun.row
         return begun
 
     async def _begin(
@@ -146,10 +151,11 @@ class Dispatcher:
         if held is None:
             return Begun("held", state=row["state"])
         await faults.point("executor.after_claim")
-        return Begun("claimed", claim=held)
+        return Begun("claimed", claim=held, row=row)
 
     async def complete(self, held: dispatch.Claim, *, traceparent: str | None = None) -> str:
         """Check, call and record. Returns the state recorded; raises StaleClaim if fenced."""
+        row = self._rows.pop(held.attempt_id, None)
         span = self._spans.pop(held.attempt_id, None) or tracer.start_span(
             "dispatch", context=spans.parent(traceparent), attributes={
                 spans.OPERATION_ID: str(held.operation_id), spans.GENERATION: held.generation})
@@ -157,7 +163,8 @@ class Dispatcher:
         with trace.use_span(span, end_on_exit=True, record_exception=False,
                             set_status_on_exception=False):
             try:
-                state = await self._complete(held, spans.traceparent_of(span) or traceparent, seen)
+                state = await self._complete(held, spans.traceparent_of(span) or traceparent,
+                                             seen, row)
             except BaseException as exc:
                 spans.failed(span, exc)
                 raise
@@ -167,31 +174,33 @@ class Dispatcher:
         return state
 
     async def _complete(
-        self, held: dispatch.Claim, traceparent: str | None, seen: dict[str, str]
+        self, held: dispatch.Claim, traceparent: str | None, seen: dict[str, str],
+        row: asyncpg.Record | None,
     ) -> str:
         async with self.pool.acquire() as conn:
-            row = await repository.load_command(conn, held.tenant_id, held.operation_id)
+            if row is None:
+                row = await repository.load_command(conn, held.tenant_id, held.operation_id)
             seen["connector"] = row["connector"]
             spans.annotate(action=row["action"], connector=row["connector"])
-            refusal = await self._refusal(conn, row)
+            refusal, decided = await self._refusal(conn, row)
             if refusal is not None:
                 state, reason = refusal
-                await self._finalize(conn, held, state, reason=reason, traceparent=traceparent)
+                await self._finalize(conn, held, state, reason=reason, traceparent=traceparent,
+                                     also=decided)
                 return state
             arguments = json.loads(await self.cipher.decrypt(
                 conn, held.tenant_id, held.operation_id, bytes(row["payload_ciphertext"]),
                 row["payload_key_version"],
             ))
-        connector = self.connectors[row["connector"]]
-        token = self.credentials.token(connector.name, held.tenant_id)
-        async with self.pool.acquire() as conn:
+            connector = self.connectors[row["connector"]]
+            token = self.credentials.token(connector.name, held.tenant_id)
             if token is None:
                 await self._finalize(conn, held, "denied", traceparent=traceparent,
-                                     reason="no write credential for this tenant")
+                                     reason="no write credential for this tenant", also=decided)
                 return "denied"
         call = base.Call(held.tenant_id, held.operation_id, row["action"], row["resource_id"],
                          arguments, row["expected_revision"], fencing_generation=held.generation)
-        result, held = await self._call(connector, call, token, held, traceparent)
+        result, held = await self._call(connector, call, token, held, traceparent, decided)
         if isinstance(result, base.Fenced):
             # A newer claim wrote to the provider: the outcome is its to record, not ours.
             async with self.pool.acquire() as conn:
@@ -205,22 +214,27 @@ class Dispatcher:
 
     async def _refusal(
         self, conn: repository.Conn, row: asyncpg.Record
-    ) -> tuple[dispatch.FinalState, str] | None:
-        """R2.6: the decision must still be valid and the CURRENT policy must still permit."""
+    ) -> tuple[tuple[dispatch.FinalState, str] | None, dispatch.Also | None]:
+        """R2.6: the decision must still be valid and the CURRENT policy must still permit.
+
+        Returns the refusal (None: go on) and the write of the dispatch-time decision, for
+        the transaction that comes next: the finalize of a refusal, or the pre-call mark
+        (so the decision is durable before any call, in no transaction of its own).
+        """
         # R9.2: a shadow run never writes. Admission refuses shadow proposals; this second,
         # independent check denies a shadow command that reached the ledger anyway, before
-        # any connector call. (One PK read; folding `shadow` into load_command saves it.)
-        if await shadow_marker.is_shadow(conn, row["tenant_id"], row["operation_id"]):
-            return "denied", "shadow command: shadow runs are recorded, never dispatched"
+        # any connector call (the flag comes with the command's row).
+        if row["shadow"]:
+            return ("denied", "shadow command: shadow runs are recorded, never dispatched"), None
         if row["expires_at"] <= datetime.now(UTC):
-            return "expired", await dispatch.expiry_reason(conn, row["tenant_id"],
-                                                           row["decision_id"])
+            return ("expired", await dispatch.expiry_reason(conn, row["tenant_id"],
+                                                            row["decision_id"])), None
         if row["payload_ciphertext"] is None:
-            return "expired", "the payload was purged before dispatch"
+            return ("expired", "the payload was purged before dispatch"), None
         try:
             spec = self.allowlist.get(row["action"])
         except errors.UnknownAction:
-            return "denied", f"{row['action']} is no longer on the allowlist"
+            return ("denied", f"{row['action']} is no longer on the allowlist"), None
         with spans.span(tracer, "authorization", attributes={spans.STAGE: "dispatch"}) as authz:
             verdict = await self.authorizer.authorize(
                 conn, tenant_id=row["tenant_id"], principal_id=row["principal_id"], action=spec,
@@ -228,21 +242,23 @@ class Dispatcher:
             authz.set_attributes({spans.EFFECT: verdict.effect,
                                   spans.POLICY_VERSION: verdict.policy_version})
         telemetry_metrics.authorizations.add(1, stage="dispatch", outcome=verdict.effect)
-        async with repository.transaction(conn, row["tenant_id"]) as tx:
+
+        async def decided(tx: repository.Conn) -> None:
             await policy_repo.record_decision(
                 tx, verdict, tenant_id=row["tenant_id"], principal_id=row["principal_id"],
                 action=spec.name, resource_id=row["resource_id"],
                 operation_id=row["operation_id"], stage="dispatch")
         # Only a denial stops a command: one a person approved stays approved (R2.6).
         if verdict.effect == "deny":
-            return "denied", f"current policy denies it: {verdict.reason}"[:500]
-        return None
+            return ("denied", f"current policy denies it: {verdict.reason}"[:500]), decided
+        return None, decided
 
     async def _call(
         self, connector: base.Connector, call: base.Call, token: str, held: dispatch.Claim,
-        traceparent: str | None,
+        traceparent: str | None, decided: dispatch.Also | None = None,
     ) -> tuple[base.Result, dispatch.Claim]:
-        result, first = await self._attempt(connector, call, token, held, "dispatch", None)
+        result, first = await self._attempt(connector, call, token, held, "dispatch", None,
+                                            also=decided)
         await faults.point("executor.after_remote_write")
         tries = 0
         while isinstance(result, base.NotSent) and tries < NOT_SENT_RETRIES:
@@ -263,7 +279,7 @@ class Dispatcher:
 
     async def _attempt(
         self, connector: base.Connector, call: base.Call, token: str, held: dispatch.Claim,
-        kind: str, first: Link | None,
+        kind: str, first: Link | None, *, also: dispatch.Also | None = None,
     ) -> tuple[base.Result, Link]:
         """One connector call in its own ``attempt`` span; a reconnect or a resend links to
         the first attempt. Returns the result and the link to the first attempt.
@@ -281,7 +297,7 @@ class Dispatcher:
             # Immediately before the call, on the ledger and not from memory: a worker that
             # stalled past its lease (a GC pause, a frozen VM) must not act on a claim that was
             # taken from it; and an unmarked claim is known never to have sent (issue 17).
-            await dispatch.mark_sending(conn, held, call_s=bound)
+            await dispatch.mark_sending(conn, held, call_s=bound, also=also)
         # A stall here (a GC pause, SIGSTOP) outlives the renewed lease: only the provider's
         # fencing can refuse the call that follows.
         await faults.point("executor.before_call")
@@ -346,6 +362,7 @@ class Dispatcher:
     async def _finalize(
         self, conn: repository.Conn, held: dispatch.Claim, state: dispatch.FinalState, *,
         receipt: str | None = None, reason: str | None = None, traceparent: str | None,
+        also: dispatch.Also | None = None,
     ) -> None:
         await dispatch.finalize(conn, held, state, receipt=receipt, reason=reason,
-                                traceparent=traceparent)
+                                traceparent=traceparent, also=also)

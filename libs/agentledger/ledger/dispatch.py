@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,6 +18,9 @@ from agentledger import errors, sql
 from agentledger.contracts import outcomes
 from agentledger.ledger import repository
 from agentledger.ledger.repository import Conn
+
+# More writes for a dispatch transaction, given the transaction.
+Also = Callable[[Conn], Awaitable[None]]
 
 Q = sql.load(Path(__file__).with_name("dispatch.sql"))
 
@@ -124,7 +127,8 @@ async def new_attempt(
                  held.lease_until, attempt["attempt_id"], held.previous_state)
 
 
-async def mark_sending(conn: Conn, held: Claim, *, call_s: float) -> datetime:
+async def mark_sending(conn: Conn, held: Claim, *, call_s: float,
+                       also: Also | None = None) -> datetime:
     """Prove the claim is current, on the ledger, immediately before a connector call, and
     make its lease cover the whole call.
 
@@ -133,6 +137,9 @@ async def mark_sending(conn: Conn, held: Claim, *, call_s: float) -> datetime:
     always has the call covered, so the reconciler cannot take over while it runs. Marks the
     attempt as one that may have reached the connector (``sent_at``): the reconciler treats
     an expired claim none of whose attempts was marked as never sent.
+
+    ``also``: more writes for the same transaction, made only while the claim is current
+    (the dispatch-time policy decision: durable before any call).
 
     Returns:
         The lease's end after the renewal.
@@ -150,6 +157,8 @@ async def mark_sending(conn: Conn, held: Claim, *, call_s: float) -> datetime:
             await tx.execute(Q["finish_attempt"], held.tenant_id, held.attempt_id, "abandoned",
                              "the claim was taken over or its lease expired before the call; "
                              "nothing was sent")
+        elif also is not None:
+            await also(tx)
     if lease_until is None:
         raise errors.StaleClaim("the claim is no longer current; the call was not made",
                                 operation_id=str(held.operation_id))
@@ -235,12 +244,13 @@ async def finish_attempt(conn: Conn, held: Claim, result: str, detail: str) -> N
 
 async def finalize(
     conn: Conn, held: Claim, state: FinalState, *, receipt: str | None = None,
-    reason: str | None = None, traceparent: str | None = None,
+    reason: str | None = None, traceparent: str | None = None, also: Also | None = None,
 ) -> None:
     """Record the outcome, conditional on still holding the claim (R5.3).
 
     In the same transaction: the attempt is closed, an audit event is written and, for
-    terminal and unknown states, the outcome event for ``agent.outcomes.v1``.
+    terminal and unknown states, the outcome event for ``agent.outcomes.v1``; then ``also``
+    (e.g. the dispatch-time decision that denied the command).
 
     Raises:
         StaleClaim: the claim was taken over; nothing was written.
@@ -273,6 +283,8 @@ async def finalize(
                 family="outcome", type=f"outcome.{state}", payload=outcome,
                 traceparent=traceparent,
             )
+        if also is not None:
+            await also(tx)
 
 
 async def attempts(conn: Conn, tenant_id: UUID, operation_id: UUID) -> list[dict[str, Any]]:

@@ -39,12 +39,13 @@ FROM agent_command
 WHERE tenant_id = $1 AND operation_id = $2;
 
 -- name: load_command --
--- The frozen command as admission stored it, for the dispatcher (R1.6).
+-- The frozen command as admission stored it, for the dispatcher (R1.6), with the shadow
+-- flag (migration 0009) the dispatcher checks before any call (R9.2).
 SELECT tenant_id, operation_id, request_hash, state, principal_id, action, connector,
        resource_id, expected_revision, decision_id, policy_version, allowlist_version,
        expires_at, payload_ciphertext, payload_key_version, payload_purged_at,
        provider_receipt, outcome_reason, claim_token, claimed_by, fencing_generation,
-       lease_until, created_at, updated_at, dispatched_at, finished_at
+       lease_until, created_at, updated_at, dispatched_at, finished_at, shadow
 FROM agent_command
 WHERE tenant_id = $1 AND operation_id = $2;
 
