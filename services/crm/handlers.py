@@ -200,7 +200,7 @@ async def create_note(
     ) as tx:
         if tx.recorded is not None:
             return _replay(tx.recorded)
-        _check_revision(await tx.lock_customer(customer_id), expected)
+        _check_revision(await tx.lock_customer(customer_id, shared=True), expected)
         reply = Reply.of(201, await tx.insert_note(customer_id, note.body))
         await tx.record(kind="note.created", customer_id=customer_id, status=reply.status,
                         headers=reply.headers, body=reply.body)

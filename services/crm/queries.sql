@@ -37,6 +37,11 @@ SELECT * FROM crm_customer WHERE tenant_id = $1 AND customer_id = $2;
 -- The customer row, locked so its revision cannot change before this transaction ends.
 SELECT * FROM crm_customer WHERE tenant_id = $1 AND customer_id = $2 FOR UPDATE;
 
+-- name: share_customer --
+-- The customer row, share-locked: its revision cannot change before this transaction ends,
+-- and other writers that do not change it (notes) go on at the same time.
+SELECT * FROM crm_customer WHERE tenant_id = $1 AND customer_id = $2 FOR SHARE;
+
 -- name: update_contact --
 -- Write the merged contact fields and bump the revision (the row is already locked).
 UPDATE crm_customer

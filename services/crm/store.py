@@ -113,10 +113,15 @@ class Mutation:
         """Set when the key was already used for this request: replay it, change nothing."""
         self.applied = False
 
-    async def lock_customer(self, customer_id: str) -> models.Customer:
-        """The customer, locked until commit so its revision cannot move underneath."""
+    async def lock_customer(self, customer_id: str, *, shared: bool = False) -> models.Customer:
+        """The customer, locked until commit so its revision cannot move underneath.
+
+        ``shared``: for a write that does not change the revision (a note): concurrent notes
+        on one customer do not wait for each other's commits; a contact update still waits.
+        """
+        query = QUERIES["share_customer" if shared else "lock_customer"]
         with _translated():
-            row = await self._conn.fetchrow(QUERIES["lock_customer"], self._tenant_id, customer_id)
+            row = await self._conn.fetchrow(query, self._tenant_id, customer_id)
         if row is None:
             raise errors.NotFound()
         return models.Customer.model_validate(dict(row))
