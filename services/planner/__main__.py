@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
+
+import uvloop
 
 from agentledger import telemetry
 from agentledger.services.planner.app import create_app
@@ -11,4 +12,4 @@ from agentledger.services.planner.app import create_app
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     telemetry.setup("agentledger-planner")
-    asyncio.run(create_app().run())
+    uvloop.run(create_app().run())  # uvloop: a cheaper event loop (issue 20 §5)
