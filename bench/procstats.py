@@ -62,3 +62,51 @@ def cpu_per_1000(before: dict[str, float], after: dict[str, float], commands: in
     keys = [n for n in (names or list(after)) if n in before and n in after]
     spent = sum(after[n] - before[n] for n in keys)
     return round(spent / commands * 1000, 2)
+
+
+def _tree_cpu(root: psutil.Process) -> float:
+    """CPU seconds of a process, its live children and its reaped children (a postmaster's
+    backends come and go; the kernel adds a reaped child's time to its parent's)."""
+    total = 0.0
+    try:
+        t = root.cpu_times()
+        total += t.user + t.system + t.children_user + t.children_system
+        for child in root.children(recursive=True):
+            try:
+                c = child.cpu_times()
+                total += c.user + c.system
+            except psutil.Error:
+                continue
+    except psutil.Error:
+        return total
+    return total
+
+
+class Infrastructure:
+    """The CPU of the Postgres cluster and the Kafka broker under test (the box is shared:
+    only the postmaster serving ``database_url`` and the broker on the bootstrap port count)."""
+
+    def __init__(self, database_url: str, bootstrap: str) -> None:
+        import psycopg2  # the bench's own dependency; only here
+
+        conn = psycopg2.connect(database_url)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_backend_pid()")
+                row = cur.fetchone()
+        finally:
+            conn.close()
+        backend = psutil.Process(int(row[0])) if row else None
+        self.postmaster = backend.parent() if backend else None
+        port = int(bootstrap.split(",")[0].rsplit(":", 1)[1])
+        self.broker = next((psutil.Process(c.pid) for c in psutil.net_connections("tcp")
+                            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                            and c.pid), None)
+
+    def cpu(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.postmaster is not None:
+            out["postgres"] = _tree_cpu(self.postmaster)
+        if self.broker is not None:
+            out["kafka"] = _tree_cpu(self.broker)
+        return out

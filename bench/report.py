@@ -38,6 +38,10 @@ ROWS: list[tuple[str, str, str]] = [
     ("peer_cpu_s_per_1000", "CPU s", "the peer's CPU per 1,000 commands (burst)"),
     ("admission_library_cpu_s_per_1000", "CPU s", "in-process Admitter CPU per 1,000 admissions"),
     ("admission_service_cpu_s_per_1000", "CPU s", "admission service CPU per 1,000 admissions"),
+    ("e2e_postgres_cpu_s_per_1000", "CPU s", "the Postgres cluster's CPU per 1,000 commands (ours)"),
+    ("peer_postgres_cpu_s_per_1000", "CPU s", "the same for the peer"),
+    ("e2e_kafka_cpu_s_per_1000", "CPU s", "the Kafka broker's CPU per 1,000 commands (ours)"),
+    ("peer_kafka_cpu_s_per_1000", "CPU s", "the same for the peer"),
     ("http_httpx_cpu_ms", "CPU ms", "httpx: client CPU per keep-alive GET, 32 in flight"),
     ("http_aiohttp_cpu_ms", "CPU ms", "aiohttp (connectors, resolvers): the same"),
 ]
@@ -79,6 +83,10 @@ def figures(details: dict[str, Any]) -> dict[str, Any]:
             (r["cpu_s_per_1000"] for r in _get(adm, "admission_library") or []
              if r.get("cpu_s_per_1000") is not None), default=None),
         "admission_service_cpu_s_per_1000": _get(svc, "admission_service", "cpu_s_per_1000"),
+        "e2e_postgres_cpu_s_per_1000": _get(e2e, "burst", "infra_cpu_s_per_1000", "postgres"),
+        "peer_postgres_cpu_s_per_1000": _get(peer, "burst", "infra_cpu_s_per_1000", "postgres"),
+        "e2e_kafka_cpu_s_per_1000": _get(e2e, "burst", "infra_cpu_s_per_1000", "kafka"),
+        "peer_kafka_cpu_s_per_1000": _get(peer, "burst", "infra_cpu_s_per_1000", "kafka"),
         "http_httpx_cpu_ms": _get(details.get("http_clients"), "http_client_cpu_ms_per_request",
                                   "httpx"),
         "http_aiohttp_cpu_ms": _get(details.get("http_clients"),
