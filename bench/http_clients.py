@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+import urllib3
 
 SERVER = """
 import asyncio, sys
@@ -68,6 +69,23 @@ async def _all(url: str, count: int, in_flight: int) -> dict[str, float]:
                 await r.read()
                 assert r.status == 200 and r.headers["ETag"]
         out["aiohttp"] = await _measure(aio_get, count, in_flight)
+    # Blocking clients in worker threads (how the DBOS peer calls the CRM from its steps).
+    pool = urllib3.PoolManager(maxsize=in_flight, timeout=urllib3.Timeout(connect=2.0, read=5.0))
+
+    async def u3_get(i: int) -> None:
+        def get() -> None:
+            r = pool.request("GET", f"{url}/v1/customers/c{i}", headers=headers)
+            assert r.status == 200 and r.headers["ETag"]
+        await asyncio.to_thread(get)
+    out["urllib3 (threads)"] = await _measure(u3_get, count, in_flight)
+    with httpx.Client(base_url=url, timeout=5.0,
+                      limits=httpx.Limits(max_connections=in_flight)) as sync_hx:
+        async def hx_sync_get(i: int) -> None:
+            def get() -> None:
+                r = sync_hx.get(f"/v1/customers/c{i}", headers=headers)
+                assert r.status_code == 200 and r.headers["ETag"]
+            await asyncio.to_thread(get)
+        out["httpx sync (threads)"] = await _measure(hx_sync_get, count, in_flight)
     return out
 
 

@@ -46,7 +46,7 @@ def run(bootstrap: str, dbs: databases.Databases, logs: Path, *, burst_size: int
         return {"error": "the dbos package is not installed (pip install 'dbos>=1.0')"}
     import dbos  # noqa: F401  -- fail here, with the import error, if it cannot load
 
-    from bench.peer_dbos import BATCH, CONCURRENCY, INTENT_TABLE, POLL_S
+    from bench.peer_dbos import BATCH, CONCURRENCY, INTENT_TABLE, POLL_S, POOL
 
     tag = uuid.uuid4().hex[:8]
     topic, group = f"bench{tag}.agent.proposals.v1", f"bench-peer-{tag}"
@@ -94,5 +94,7 @@ def run(bootstrap: str, dbs: databases.Databases, logs: Path, *, burst_size: int
         e2e.forget_groups(bootstrap, [group])
     result["config"] = {"instances": INSTANCES, "queue_worker_concurrency": CONCURRENCY,
                         "queue_polling_interval_s": POLL_S, "kafka_batch_size": BATCH,
-                        "isolation": "READ COMMITTED", "version": version()}
+                        "isolation": "READ COMMITTED", "version": version(),
+                        "sql": "idempotent @DBOS.step functions (no datasource transactions)",
+                        "pools": POOL, "http_client": "urllib3"}
     return result
