@@ -12,7 +12,7 @@ and the command is admitted once (R4) — or persisted as a pending approval req
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 from opentelemetry.trace import get_tracer
 
-from agentledger import budgets, canonical, errors, identity
+from agentledger import budgets, canonical, errors, faults, identity
 from agentledger.approvals import repository as approvals
 from agentledger.contracts import admission as admission_contract
 from agentledger.contracts import common, outcomes
@@ -121,73 +121,112 @@ class Admitter:
             return AdmissionResultV1.refused(exc, decided_at=_now(), **base)
         spec, arguments = checked.spec, checked.arguments
         spans.annotate(connector=spec.connector)
+        request_hash = canonical.request_hash(
+            tenant_id=proposal.tenant_id, principal_id=proposal.principal_id,
+            action=spec.name, target=proposal.target, arguments=arguments,
+            expected_revision=proposal.expected_revision)
         async with self.pool.acquire() as conn:
-            with spans.span(tracer, "authorization",
-                            attributes={spans.STAGE: "admission"}) as authz:
-                decision = await self.authorizer.authorize(
-                    conn, tenant_id=proposal.tenant_id, principal_id=proposal.principal_id,
-                    action=spec, resource_id=proposal.target, arguments=arguments)
-                authz.set_attributes({spans.EFFECT: decision.effect,
-                                      spans.POLICY_VERSION: decision.policy_version})
-            telemetry_metrics.authorizations.add(1, stage="admission", outcome=decision.effect)
-            base |= {"decision_id": decision.decision_id,
-                     "policy_version": decision.policy_version}
+            # The tenant's data key, fetched (and cached) before the transaction when cold,
+            # so encrypting inside it is CPU only.
+            await self.cipher.warm(conn, proposal.tenant_id)
+            # One transaction decides and, when allowed, opens and reserves the budget,
+            # admits, records the decision and settles the reservation: the budget stays
+            # exact (the reservation and the admission commit or roll back together) and a
+            # refusal's audit event commits with nothing else.
+            async with repository.transaction(conn, proposal.tenant_id) as tx:
+                decision = await self._authorize(tx, proposal, spec, arguments)
+                base |= {"decision_id": decision.decision_id,
+                         "policy_version": decision.policy_version}
 
-            async def record(tx: repository.Conn) -> None:
-                await policy_repo.record_decision(
-                    tx, decision, tenant_id=proposal.tenant_id,
-                    principal_id=proposal.principal_id, action=spec.name,
-                    resource_id=proposal.target, operation_id=proposal.operation_id)
+                async def record(tx: repository.Conn) -> None:
+                    await policy_repo.record_decision(
+                        tx, decision, tenant_id=proposal.tenant_id,
+                        principal_id=proposal.principal_id, action=spec.name,
+                        resource_id=proposal.target, operation_id=proposal.operation_id)
 
-            if decision.effect == "deny":
-                async with repository.transaction(conn, proposal.tenant_id) as tx:
+                if decision.effect == "deny":
                     await record(tx)
-                return AdmissionResultV1.refused(
-                    errors.PolicyDenied(decision.reason), decided_at=_now(), **base)
-            request_hash = canonical.request_hash(
-                tenant_id=proposal.tenant_id, principal_id=proposal.principal_id,
-                action=spec.name, target=proposal.target, arguments=arguments,
-                expected_revision=proposal.expected_revision)
-            ciphertext, key_version = await self.cipher.encrypt(
-                conn, proposal.tenant_id, proposal.operation_id,
-                canonical.canonical_bytes(arguments))
-            if decision.effect == "require_approval":
+                    return AdmissionResultV1.refused(
+                        errors.PolicyDenied(decision.reason), decided_at=_now(), **base)
+                ciphertext, key_version = await self.cipher.encrypt(
+                    tx, proposal.tenant_id, proposal.operation_id,
+                    canonical.canonical_bytes(arguments))
+                admitted: repository.AdmitResult | None = None
+                if decision.effect == "allow":
+                    found = await self._admit_allowed(
+                        tx, proposal, spec, checked.workflow_id, decision, request_hash,
+                        ciphertext, key_version, trace, record)
+                    if isinstance(found, errors.BudgetExhausted):
+                        return AdmissionResultV1.refused(found, decided_at=_now(), **base)
+                    admitted = found
+                    await faults.point("admission.before_commit")
+            if admitted is None:  # require_approval
+                # Its own transaction (approvals.request): the request, its decision and
+                # audit commit together there.
                 return await self._request_approval(
                     conn, proposal, spec, decision, request_hash, ciphertext, key_version,
                     trace, record, base)
-            reservation = await self._reserve(conn, proposal, checked.workflow_id)
-            if isinstance(reservation, errors.BudgetExhausted):
-                return AdmissionResultV1.refused(reservation, decided_at=_now(), **base)
-            try:
-                result = await repository.admit(conn, repository.NewCommand(
-                    tenant_id=proposal.tenant_id, operation_id=proposal.operation_id,
-                    request_hash=request_hash, principal_id=proposal.principal_id,
-                    action=spec.name, connector=spec.connector, resource_id=proposal.target,
-                    expected_revision=proposal.expected_revision,
-                    decision_id=decision.decision_id, policy_version=decision.policy_version,
-                    allowlist_version=self.allowlist.version,
-                    expires_at=_now() + self.decision_ttl,
-                    payload_ciphertext=ciphertext, payload_key_version=key_version,
-                    traceparent=trace.traceparent if trace else None,
-                    tracestate=trace.tracestate if trace else None,
-                ), audit=_proposal_audit(proposal, spec), also=lambda tx, _: record(tx))
-            except BaseException:
-                if reservation is not None:
-                    await budgets.release(conn, reservation)
-                raise
-            if reservation is not None:
-                # The tool call is spent by the first admission only; a replay spends nothing.
-                if result.status == "admitted":
-                    await budgets.commit(conn, reservation, 1)
-                else:
-                    await budgets.release(conn, reservation)
-        if result.status == "conflict":
+        if admitted.status == "conflict":
             return AdmissionResultV1.refused(errors.IdempotencyConflict(
                 "operation id already bound to a different request; nothing was changed",
             ), decided_at=_now(), **base)
         return AdmissionResultV1(
-            **base, status=result.status, state=result.recorded.state,
-            outcome=recorded_outcome(result.recorded, proposal), decided_at=_now())
+            **base, status=admitted.status, state=admitted.recorded.state,
+            outcome=recorded_outcome(admitted.recorded, proposal), decided_at=_now())
+
+    async def _authorize(
+        self, tx: repository.Conn, proposal: ProposalV1, spec: allowlist_mod.ActionSpec,
+        arguments: dict[str, Any],
+    ) -> decision_mod.Decision:
+        with spans.span(tracer, "authorization", attributes={spans.STAGE: "admission"}) as authz:
+            decision = await self.authorizer.authorize(
+                tx, tenant_id=proposal.tenant_id, principal_id=proposal.principal_id,
+                action=spec, resource_id=proposal.target, arguments=arguments,
+                in_transaction=True)
+            authz.set_attributes({spans.EFFECT: decision.effect,
+                                  spans.POLICY_VERSION: decision.policy_version})
+        telemetry_metrics.authorizations.add(1, stage="admission", outcome=decision.effect)
+        return decision
+
+    async def _admit_allowed(
+        self, tx: repository.Conn, proposal: ProposalV1, spec: allowlist_mod.ActionSpec,
+        workflow_id: str | None, decision: decision_mod.Decision, request_hash: bytes,
+        ciphertext: bytes, key_version: int, trace: common.TraceContext | None,
+        record: Callable[[repository.Conn], Awaitable[None]],
+    ) -> repository.AdmitResult | errors.BudgetExhausted:
+        """Inside the caller's transaction: reserve one tool call of the request's budget
+        (R7.2), admit, record the decision, and spend the tool call only on the first
+        admission (a replay or conflict releases it)."""
+        reservation = None
+        if workflow_id is not None and "tool_calls" in self.budget_limits:
+            await budgets.open_in(tx, proposal.tenant_id, workflow_id, self.budget_limits, None)
+            reserved = await budgets.reserve_in(
+                tx, proposal.tenant_id, workflow_id, "tool_calls", 1,
+                operation_id=proposal.operation_id)
+            if isinstance(reserved, errors.BudgetExhausted):
+                if not await repository.is_recorded(tx, proposal.tenant_id,
+                                                    proposal.operation_id):
+                    return reserved  # its audit event commits; nothing else was written
+                # A redelivered proposal whose command was admitted (and its tool call
+                # spent) earlier: answered as the replay (or conflict) it is, spending nothing.
+            else:
+                reservation = reserved
+        result = await repository.admit_in(tx, repository.NewCommand(
+            tenant_id=proposal.tenant_id, operation_id=proposal.operation_id,
+            request_hash=request_hash, principal_id=proposal.principal_id,
+            action=spec.name, connector=spec.connector, resource_id=proposal.target,
+            expected_revision=proposal.expected_revision,
+            decision_id=decision.decision_id, policy_version=decision.policy_version,
+            allowlist_version=self.allowlist.version,
+            expires_at=_now() + self.decision_ttl,
+            payload_ciphertext=ciphertext, payload_key_version=key_version,
+            traceparent=trace.traceparent if trace else None,
+            tracestate=trace.tracestate if trace else None,
+        ), audit=_proposal_audit(proposal, spec))
+        await record(tx)
+        if reservation is not None:
+            await budgets.settle_in(tx, reservation, 1 if result.status == "admitted" else None)
+        return result
 
     async def check(self, proposal: ProposalV1) -> tuple[allowlist_mod.ActionSpec, dict[str, Any]]:
         """Every check before the policy, writing nothing (for evaluation runs, R9.2).
@@ -261,19 +300,6 @@ class Admitter:
             raise errors.StaleRevision(
                 "the target changed since it was read; plan again on the current record")
         return _Checked(spec, arguments, workflow_id)
-
-    async def _reserve(
-        self, conn: repository.Conn, proposal: ProposalV1, workflow_id: str | None
-    ) -> budgets.Reservation | errors.BudgetExhausted | None:
-        """Reserve one tool call of the request's budget (R7.2); None when unbudgeted."""
-        if workflow_id is None or "tool_calls" not in self.budget_limits:
-            return None
-        await budgets.open(conn, proposal.tenant_id, workflow_id, self.budget_limits, None)
-        try:
-            return await budgets.reserve(conn, proposal.tenant_id, workflow_id, "tool_calls", 1,
-                                         operation_id=proposal.operation_id)
-        except errors.BudgetExhausted as exc:
-            return exc
 
     async def _request_approval(
         self, conn: repository.Conn, proposal: ProposalV1, spec: allowlist_mod.ActionSpec,

@@ -94,16 +94,25 @@ async def open(
     Returns:
         The workflow's balances after opening (the first open's limits win).
     """
+    async with ledger.transaction(conn, tenant_id, timeout=timeout) as tx:
+        await open_in(tx, tenant_id, workflow_id, limits, deadline)
+        rows = await tx.fetch(Q["balances"], tenant_id, workflow_id)
+    return {r["kind"]: _balance(r) for r in rows}
+
+
+async def open_in(
+    tx: ledger.Conn, tenant_id: UUID, workflow_id: str, limits: Mapping[Kind, int],
+    deadline: datetime | None,
+) -> None:
+    """:func:`open` inside the caller's transaction, bound to ``tenant_id`` (admission opens,
+    reserves and admits in one), without reading the balances back."""
     for kind, limit in limits.items():
         _check_names(workflow_id, kind)
         if limit < 0:
             raise errors.ValidationFailed("a budget limit cannot be negative")
     kinds = sorted(limits)
-    async with ledger.transaction(conn, tenant_id, timeout=timeout) as tx:
-        await tx.execute(Q["open_budget"], tenant_id, workflow_id, kinds,
-                         [limits[k] for k in kinds], deadline)
-        rows = await tx.fetch(Q["balances"], tenant_id, workflow_id)
-    return {r["kind"]: _balance(r) for r in rows}
+    await tx.execute(Q["open_budget"], tenant_id, workflow_id, kinds,
+                     [limits[k] for k in kinds], deadline)
 
 
 async def open_default(
@@ -152,17 +161,33 @@ async def reserve(
             ``no_budget``); audited as ``budget.exhausted``.
         errors.ValidationFailed: A non-positive amount, an unknown kind.
     """
+    async with ledger.transaction(conn, tenant_id, timeout=timeout) as tx:
+        found = await reserve_in(tx, tenant_id, workflow_id, kind, amount,
+                                 operation_id=operation_id)
+    if isinstance(found, errors.BudgetExhausted):
+        raise found
+    return found
+
+
+async def reserve_in(
+    tx: ledger.Conn, tenant_id: UUID, workflow_id: str, kind: Kind, amount: int,
+    *, operation_id: UUID | None = None,
+) -> Reservation | errors.BudgetExhausted:
+    """:func:`reserve` inside the caller's transaction, bound to ``tenant_id``.
+
+    A refusal is returned, not raised: its audit event is written in the caller's
+    transaction, which should commit it (raising would roll it back with everything else).
+    """
     _check_names(workflow_id, kind)
     if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
         raise errors.ValidationFailed("a reservation amount must be a positive integer")
-    async with ledger.transaction(conn, tenant_id, timeout=timeout) as tx:
-        row = await tx.fetchrow(Q["reserve"], tenant_id, workflow_id, kind, amount, operation_id)
+    row = await tx.fetchrow(Q["reserve"], tenant_id, workflow_id, kind, amount, operation_id)
     if row is None:  # the function always returns one row
         raise errors.StorageError("budget reservation returned no row")
     if row["outcome"] != "reserved":
         left = None if row["limit_amount"] is None else (
             int(row["limit_amount"]) - int(row["reserved"]) - int(row["used"]))
-        raise errors.BudgetExhausted(
+        return errors.BudgetExhausted(
             f"{kind} budget of workflow {workflow_id}: {row['outcome'].replace('_', ' ')}",
             kind=kind, workflow_id=workflow_id, reason=row["outcome"], requested=amount,
             remaining=left,
@@ -175,8 +200,16 @@ async def _settle(
     conn: ledger.Conn, reservation: Reservation, used: int | None, timeout: float
 ) -> Reservation:
     async with ledger.transaction(conn, reservation.tenant_id, timeout=timeout) as tx:
-        row = await tx.fetchrow(Q["settle"], reservation.tenant_id, reservation.reservation_id,
-                                used)
+        return await settle_in(tx, reservation, used)
+
+
+async def settle_in(tx: ledger.Conn, reservation: Reservation, used: int | None) -> Reservation:
+    """Commit (``used``) or release (None) inside the caller's transaction, bound to the
+    reservation's tenant; see :func:`commit` and :func:`release`."""
+    if used is not None and (isinstance(used, bool) or not isinstance(used, int)
+                             or not 0 <= used <= reservation.amount):
+        raise errors.ValidationFailed("used must be an integer between 0 and the amount reserved")
+    row = await tx.fetchrow(Q["settle"], reservation.tenant_id, reservation.reservation_id, used)
     if row is None:
         raise errors.ValidationFailed("no such budget reservation in this tenant",
                                       reservation_id=str(reservation.reservation_id))
@@ -204,8 +237,6 @@ async def commit(
     Raises:
         errors.ValidationFailed: ``used`` outside ``0..amount``, or no such reservation.
     """
-    if isinstance(used, bool) or not isinstance(used, int) or not 0 <= used <= reservation.amount:
-        raise errors.ValidationFailed("used must be an integer between 0 and the amount reserved")
     return await _settle(conn, reservation, used, timeout)
 
 

@@ -48,6 +48,11 @@ class PayloadCipher:
             self._keys.popitem(last=False)
         return key
 
+    async def warm(self, conn: repository.Conn, tenant_id: UUID) -> None:
+        """Have the tenant's current data key in memory (reading or creating it when it is
+        not), so a later :meth:`encrypt` inside a transaction does no I/O."""
+        await self._key(conn, tenant_id, None)
+
     async def encrypt(
         self, conn: repository.Conn, tenant_id: UUID, operation_id: UUID, plaintext: bytes
     ) -> tuple[bytes, int]:

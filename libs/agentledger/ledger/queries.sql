@@ -1,8 +1,11 @@
 -- Every statement of the command ledger. Loaded once by repository.py; bound parameters only.
 
--- name: bind_tenant --
--- Bind the tenant for row-level security for the rest of this transaction only.
-SELECT set_config('agentledger.tenant_id', $1::text, true);
+-- name: bind_transaction --
+-- The statement timeout ($1) and, unless $2 is NULL, the tenant for row-level security, for
+-- the rest of this transaction only (a NULL tenant leaves the setting as it was: unbound).
+SELECT set_config('statement_timeout', $1::text, true),
+       CASE WHEN $2::text IS NOT NULL
+            THEN set_config('agentledger.tenant_id', $2::text, true) END;
 
 -- name: admit_command --
 -- Seed §4: insert the command; only if THIS statement inserted it (RETURNING yields only

@@ -121,11 +121,9 @@ async def transaction(
     try:
         async with asyncio.timeout(timeout) as bound:
             async with conn.transaction(isolation="read_committed"):
-                await conn.execute(
-                    "SELECT set_config('statement_timeout', $1, true)", f"{int(timeout * 1000)}ms"
-                )
-                if tenant_id is not None:
-                    await conn.execute(Q["bind_tenant"], str(tenant_id))
+                # One round trip for both settings (this transaction only).
+                await conn.execute(Q["bind_transaction"], f"{int(timeout * 1000)}ms",
+                                   None if tenant_id is None else str(tenant_id))
                 yield conn
                 # The COMMIT (leaving the block) may wait for the synchronous standby: no
                 # client-side cancel from here. (The server's statement timeout does not
@@ -284,6 +282,12 @@ async def recorded(conn: Conn, tenant_id: UUID, operation_id: UUID) -> Recorded:
     if row is None:
         raise errors.CommandNotFound(operation_id=str(operation_id))
     return Recorded.from_row(row)
+
+
+async def is_recorded(tx: Conn, tenant_id: UUID, operation_id: UUID) -> bool:
+    """Whether the ledger holds a command for this key, inside the caller's tenant-bound
+    transaction."""
+    return await tx.fetchrow(Q["recorded_command"], tenant_id, operation_id) is not None
 
 
 async def admitted_hash(conn: Conn, tenant_id: UUID, operation_id: UUID) -> bytes | None:

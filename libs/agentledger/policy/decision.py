@@ -51,8 +51,11 @@ class Authorizer(Protocol):
     async def authorize(
         self, conn: Conn, *, tenant_id: UUID, principal_id: str,
         action: allowlist_mod.ActionSpec, resource_id: str,
-        arguments: Mapping[str, object] | None = None,
-    ) -> Decision: ...
+        arguments: Mapping[str, object] | None = None, in_transaction: bool = False,
+    ) -> Decision:
+        """``in_transaction``: ``conn`` is inside a transaction bound to ``tenant_id``; the
+        principal is read there."""
+        ...
 
     async def may_approve(
         self, conn: Conn, *, tenant_id: UUID, approver_id: str, requester_id: str,

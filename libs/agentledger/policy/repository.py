@@ -31,10 +31,14 @@ class PostgresPrincipalDirectory:
 
     Args:
         conn: A connection whose role may read ``principal`` (admission, executor, auditor).
+        in_transaction: ``conn`` is inside a transaction already bound to the tenant that
+            will be looked up: read there (one statement) instead of in a transaction of
+            its own.
     """
 
-    def __init__(self, conn: ledger.Conn) -> None:
+    def __init__(self, conn: ledger.Conn, *, in_transaction: bool = False) -> None:
         self._conn = conn
+        self._in_transaction = in_transaction
 
     async def lookup(self, tenant_id: UUID, principal_id: str) -> cedar.Principal | None:
         """The principal as currently recorded, or ``None``.
@@ -42,8 +46,11 @@ class PostgresPrincipalDirectory:
         Raises:
             errors.AccessDenied, errors.StorageError: as :func:`ledger.transaction`.
         """
-        async with ledger.transaction(self._conn, tenant_id) as tx:
-            row = await tx.fetchrow(Q["lookup_principal"], tenant_id, principal_id)
+        if self._in_transaction:
+            row = await self._conn.fetchrow(Q["lookup_principal"], tenant_id, principal_id)
+        else:
+            async with ledger.transaction(self._conn, tenant_id) as tx:
+                row = await tx.fetchrow(Q["lookup_principal"], tenant_id, principal_id)
         if row is None:
             return None
         return cedar.Principal(row["tenant_id"], row["principal_id"],
@@ -187,10 +194,11 @@ class CedarAuthorizer:
     async def authorize(
         self, conn: ledger.Conn, *, tenant_id: UUID, principal_id: str,
         action: allowlist_mod.ActionSpec, resource_id: str,
-        arguments: Mapping[str, object] | None = None,
+        arguments: Mapping[str, object] | None = None, in_transaction: bool = False,
     ) -> cedar.CedarDecision:
         return await self.policy.authorize(
-            PostgresPrincipalDirectory(conn), tenant_id=tenant_id, principal_id=principal_id,
+            PostgresPrincipalDirectory(conn, in_transaction=in_transaction),
+            tenant_id=tenant_id, principal_id=principal_id,
             action=action, resource_id=resource_id, arguments=arguments,
         )
 

@@ -1,0 +1,113 @@
+"""A request's tool-call budget stays exact through admission (R7.2), crashes included.
+
+Admission opens and reserves the budget, admits, records the decision and settles the
+reservation in one transaction: a connection lost before its commit leaves no reservation
+behind (a reservation committed on its own before the admission, released afterwards on the
+same connection, stayed reserved forever when that connection was gone), and the retry of
+the same proposal spends the one tool call the budget holds. A redelivery after that is a
+replay, not a budget refusal: its command exists and runs.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import asyncpg
+import pytest
+
+from agentledger import admission, errors, faults
+from agentledger.contracts.proposals import ProposalV1
+from agentledger.ledger import keys
+from agentledger.policy import allowlist
+from agentledger.policy import repository as policy_repo
+from agentledger.resources import MappingResolver
+from tests.integration import identities
+from tests.integration.test_shadow_admission import MASTER, TENANT
+
+APP = "agentledger-budget-test"
+
+
+@pytest.fixture
+async def admitter(database_url: str) -> AsyncIterator[admission.Admitter]:
+    await identities.put_principals(database_url, TENANT, identities.DEFAULT_PRINCIPALS)
+
+    async def as_admission(conn: asyncpg.Connection) -> None:
+        await conn.execute("SET ROLE agentledger_admission")
+
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2, init=as_admission,
+                                     server_settings={"application_name": APP})
+    try:
+        yield admission.Admitter(
+            pool=pool, allowlist=allowlist.Allowlist.load(),
+            resolver=MappingResolver({(TENANT, "crm", "c-1"): "3"}),
+            authorizer=policy_repo.CedarAuthorizer(), cipher=keys.PayloadCipher(MASTER),
+            envelope_keys=identities.KEYSET, budget_limits={"tool_calls": 1})
+    finally:
+        await pool.close()
+
+
+def note(request_id: uuid.UUID) -> ProposalV1:
+    return ProposalV1.model_validate(identities.sign({
+        "schema": "agentledger.proposal.v1", "proposal_id": str(uuid.uuid4()),
+        "tenant_id": str(TENANT), "principal_id": "user:alice",
+        "operation_id": str(uuid.uuid4()), "action": "crm.note.create",
+        "arguments": {"customer_id": "c-1", "body": "called back"}, "target": "c-1",
+        "planner": {"name": "scripted"}, "created_at": datetime.now(UTC).isoformat()},
+        request_id=request_id))
+
+
+async def _budget(conn: asyncpg.Connection, workflow: str) -> tuple[int, int, list[str]]:
+    row = await conn.fetchrow("SELECT coalesce(sum(reserved), 0) AS reserved, "
+                              "coalesce(sum(used), 0) AS used FROM budget "
+                              "WHERE tenant_id = $1 AND workflow_id = $2", TENANT, workflow)
+    states = await conn.fetch("SELECT state FROM budget_reservation WHERE tenant_id = $1 AND "
+                              "workflow_id = $2 ORDER BY created_at", TENANT, workflow)
+    return int(row["reserved"]), int(row["used"]), [s["state"] for s in states]
+
+
+async def test_a_connection_lost_before_commit_leaves_no_reservation_and_the_retry_spends_it(
+    admitter: admission.Admitter, database_url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    request = uuid.uuid4()
+    proposal = note(request)
+    admin = await asyncpg.connect(database_url)
+    real = faults.point
+    cut: list[int] = []
+
+    async def lose_the_connection(name: str) -> None:
+        # At the last point before COMMIT, the admitting session (idle in its transaction)
+        # is terminated, as a crashed process or a dropped network would end it.
+        if name == "admission.before_commit" and not cut:
+            cut.extend(await admin.fetch(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                "application_name = $1 AND state = 'idle in transaction'", APP))
+        await real(name)
+
+    monkeypatch.setattr(faults, "point", lose_the_connection)
+    try:
+        with pytest.raises(errors.StorageError):
+            await admitter.admit(proposal)
+        assert len(cut) == 1  # exactly the admitting session was cut
+        workflow = str(request)
+        assert await _budget(admin, workflow) == (0, 0, [])
+        assert await admin.fetchval("SELECT count(*) FROM agent_command WHERE operation_id = $1",
+                                    proposal.operation_id) == 0
+
+        # The retry (the record redelivered) admits and spends the budget's one tool call…
+        first = await admitter.admit(proposal)
+        assert (first.status, first.state) == ("admitted", "pending")
+        assert await _budget(admin, workflow) == (0, 1, ["committed"])
+        # …and its redelivery, with the budget now spent, is answered as the replay it is
+        # (not refused: the command exists and runs), spending nothing.
+        again = await admitter.admit(proposal)
+        assert (again.status, again.state) == ("replayed", "pending")
+        assert await _budget(admin, workflow) == (0, 1, ["committed"])
+        assert [r["type"] for r in await admin.fetch(
+            "SELECT type FROM audit_event WHERE operation_id = $1 AND type LIKE 'command.%' "
+            "ORDER BY event_id", proposal.operation_id)] == ["command.admitted", "command.replayed"]
+        assert await admin.fetchval("SELECT count(*) FROM agent_command WHERE operation_id = $1",
+                                    proposal.operation_id) == 1
+    finally:
+        await admin.close()
