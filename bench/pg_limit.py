@@ -7,9 +7,10 @@ baseline follows the real schema and queries instead of a hand copy that drifts:
 - ``seed``: the seed admission transaction, one ledger row plus its outbox row (the
   ``admit_command`` statement) in BEGIN/END, as the database owner. Its best rate over
   1, 8 and 32 clients is ``pg_limit_tps``.
-- ``full``: every statement admission's transaction sends (statement timeout, tenant
-  binding, admit, read-back, audit event, the policy decision), as ``agentledger_admission``
-  under row-level security.
+- ``full``: the statements admission's transaction sends for an unbudgeted proposal
+  (statement timeout and tenant binding, the principal's read, admit, read-back, audit
+  event, the policy decision), as ``agentledger_admission`` under row-level security. A
+  budgeted one adds the budget's open, reservation and settlement (three more statements).
   It shows how much of the gap to ``seed`` is SQL rather than Python.
 """
 
@@ -74,10 +75,10 @@ def seed_script() -> str:
 
 
 def full_script() -> str:
-    """Every statement of admission's transaction (``repository.admit`` + the decision)."""
+    """The statements of admission's one transaction for an unbudgeted proposal."""
     statements = [
-        "SELECT set_config('statement_timeout', '5000ms', true);",
-        bind(QUERIES["bind_tenant"], {1: _TENANT}),
+        bind(QUERIES["bind_transaction"], {1: "'5000ms'", 2: f"{_TENANT}::text"}),
+        bind(POLICY_QUERIES["lookup_principal"], {1: _TENANT, 2: "'user-alice'"}),
         bind(QUERIES["admit_command"], _ADMIT_ARGS),
         bind(QUERIES["recorded_command"], {1: _TENANT, 2: _OP}),
         bind(QUERIES["append_event"], {1: _TENANT, 2: _OP, 3: "'audit'",

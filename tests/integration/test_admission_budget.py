@@ -106,7 +106,7 @@ async def test_a_connection_lost_before_commit_leaves_no_reservation_and_the_ret
         assert await _budget(admin, workflow) == (0, 1, ["committed"])
         assert [r["type"] for r in await admin.fetch(
             "SELECT type FROM audit_event WHERE operation_id = $1 AND type LIKE 'command.%' "
-            "ORDER BY event_id", proposal.operation_id)] == ["command.admitted", "command.replayed"]
+            "ORDER BY seq", proposal.operation_id)] == ["command.admitted", "command.replayed"]
         assert await admin.fetchval("SELECT count(*) FROM agent_command WHERE operation_id = $1",
                                     proposal.operation_id) == 1
     finally:

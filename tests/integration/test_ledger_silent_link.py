@@ -1,9 +1,14 @@
-"""A ledger statement on a silent network fails while the network is still silent, instead of
-waiting for the kernel's retransmission limit (~15 min): ``repository.bound_silence``.
+"""A ledger transaction on a silent network fails while the network is still silent, instead
+of waiting for the kernel's retransmission limit (~15 min).
 
 The client runs in a network namespace (tests/netns.py) whose link to Postgres is cut
-silently (every packet dropped) just before it runs a transaction; a client-side timeout alone
-does not help, since the ROLLBACK that follows it waits on the same dead connection.
+silently (every packet dropped) at one of two moments:
+
+- before a statement: the transaction's own deadline cancels it, and the ROLLBACK that follows
+  (on the same dead connection) is bounded too: the connection is closed, not reset;
+- before the COMMIT, which has no client-side deadline (it may wait for the synchronous
+  standby, legitimately, for long): only the socket's bound, ``repository.bound_silence``,
+  ends it. The control without the bound discriminates.
 """
 
 from __future__ import annotations
@@ -26,27 +31,33 @@ pytestmark = pytest.mark.skipif(
     reason="needs root, ip netns and tc")
 
 # The client, as a service runs one: a pool (its connections bounded or not), one transaction
-# on a borrowed connection; it says "ready", waits for the go file and prints how it ended.
-# (Without the bound the wait is in returning the connection to the pool: asyncpg resets it
-# there, on the dead connection, after the transaction's own timeout cancelled the statement.)
+# on a borrowed connection. It says "ready" where the link is to be cut (before the statement,
+# or inside the transaction before its COMMIT), waits for the go file and prints how it ended.
 CLIENT = """
 import asyncio, os, sys
 import asyncpg
 from agentledger import errors
 from agentledger.ledger import repository
 
-async def main(url, bounded, go):
+async def wait_for(go):
+    while not os.path.exists(go):
+        await asyncio.sleep(0.05)
+
+async def main(url, bounded, phase, go):
     async def init(conn):
         if bounded == "1":
             repository.bound_silence(conn)
     pool = await asyncpg.create_pool(url, min_size=1, max_size=1, init=init)
-    print("ready", flush=True)
-    while not os.path.exists(go):
-        await asyncio.sleep(0.05)
     try:
         async with pool.acquire() as conn:
-            async with repository.transaction(conn, None) as tx:
+            if phase == "statement":
+                print("ready", flush=True)
+                await wait_for(go)
+            async with repository.transaction(conn, None, timeout=60 if phase == "commit" else 5) as tx:
                 await tx.fetchval("SELECT 1")
+                if phase == "commit":
+                    print("ready", flush=True)
+                    await wait_for(go)
         print("answered", flush=True)
     except errors.StorageError as exc:
         print(f"failed retryable={exc.retryable}: {exc}", flush=True)
@@ -62,31 +73,37 @@ def hub(stack: Stack) -> Iterator[partition_env.Hub]:
         yield h
 
 
-@pytest.mark.parametrize("bounded", [True, False], ids=["bounded", "unbounded"])
-def test_a_statement_on_a_silent_link_fails_before_the_link_returns(
-        stack: Stack, hub: partition_env.Hub, tmp_path: Path, bounded: bool) -> None:
+@pytest.mark.parametrize(("phase", "bounded"), [
+    ("statement", False), ("commit", True), ("commit", False)],
+    ids=["statement-unbounded", "commit-bounded", "commit-unbounded"])
+def test_a_transaction_on_a_silent_link_fails_before_the_link_returns(
+        stack: Stack, hub: partition_env.Hub, tmp_path: Path, phase: str, bounded: bool) -> None:
     go = tmp_path / "go"
     out = tmp_path / "client.out"
     with netns.Namespace(f"sl{os.getpid() % 100000}") as ns, out.open("w") as sink:
         client = subprocess.Popen(
             ns.argv([sys.executable, "-c", CLIENT, partition_env.via(stack.database_url, hub.pg),
-                     "1" if bounded else "0", str(go)]), stdout=sink, stderr=subprocess.STDOUT)
+                     "1" if bounded else "0", phase, str(go)]),
+            stdout=sink, stderr=subprocess.STDOUT)
         try:
             assert wait_until(lambda: "ready" in out.read_text(), timeout=60), out.read_text()
             ns.cut()
             go.touch()
             assert wait_until(lambda: ns.dropped() > 0, timeout=30)  # the cut struck
-            if bounded:
-                # Fails while the link is still cut: the kernel gave up on the silent server.
+            if phase == "statement" or bounded:
+                # Fails while the link is still cut: the statement by the transaction's 5 s
+                # deadline and a bounded ROLLBACK; the COMMIT by the kernel giving up on the
+                # silent server (TCP_USER_TIMEOUT).
                 assert wait_until(lambda: "failed" in out.read_text(), timeout=90), out.read_text()
                 assert "failed retryable=True" in out.read_text(), out.read_text()
+                assert ns.dropped() > 0
                 ns.heal()
                 assert client.wait(timeout=60) == 0, out.read_text()
             else:
-                # The control (the test discriminates): well past the transaction's own 5 s
-                # bound and the 10 s the bounded client needs, this one still waits on the
-                # dead connection. It is not waited for: its retransmissions back off to
-                # tens of seconds, so it would answer long after a heal.
+                # The control (the test discriminates): well past the 10 s the bounded client
+                # needs, this COMMIT still waits on the dead connection. It is not waited for:
+                # its retransmissions back off to tens of seconds, so it would answer long
+                # after a heal.
                 assert not wait_until(lambda: "failed" in out.read_text() or
                                       client.poll() is not None, timeout=20), out.read_text()
         finally:

@@ -67,7 +67,8 @@ def driver_error(exc: BaseException) -> errors.StorageError | None:
     """
     if isinstance(exc, asyncpg.PostgresError):
         return storage_error(exc)
-    if isinstance(exc, OSError | asyncpg.InterfaceError):
+    if isinstance(exc, OSError | asyncpg.InterfaceError | asyncpg.InternalClientError):
+        # (InternalClientError: the server ended the session in the middle of the protocol.)
         return errors.StorageError(f"ledger unreachable: {exc!r}")
     return None
 
@@ -118,21 +119,73 @@ async def transaction(
         DataRejected: the data itself was refused (SQLSTATE class 22 or 23); not retryable.
         StorageError: any other database failure (retryable).
     """
+    timeout_ms = f"{int(timeout * 1000)}ms"
     try:
         async with asyncio.timeout(timeout) as bound:
-            async with conn.transaction(isolation="read_committed"):
-                # One round trip for both settings (this transaction only).
-                await conn.execute(Q["bind_transaction"], f"{int(timeout * 1000)}ms",
-                                   None if tenant_id is None else str(tenant_id))
-                yield conn
-                # The COMMIT (leaving the block) may wait for the synchronous standby: no
-                # client-side cancel from here. (The server's statement timeout does not
-                # interrupt that wait; tests/integration/test_ledger_syncrep.py checks both.)
+            if conn.is_in_transaction():
+                # Nested in a transaction: a savepoint, like asyncpg's nested transactions.
+                await conn.execute("SAVEPOINT agentledger_nested")
+                try:
+                    await conn.execute(Q["bind_transaction"], timeout_ms,
+                                       None if tenant_id is None else str(tenant_id))
+                    yield conn
+                except BaseException:
+                    await _rollback(conn, "ROLLBACK TO SAVEPOINT agentledger_nested")
+                    raise
+                await conn.execute("RELEASE SAVEPOINT agentledger_nested")
                 bound.reschedule(None)
+                return
+            # BEGIN and both settings in one round trip (simple query protocol, so nothing
+            # is bound: the values are an integer and a parsed UUID, safe to inline), where
+            # asyncpg's transaction() would send BEGIN alone first. Hand-written because
+            # asyncpg has no way to pipeline the two.
+            try:
+                await conn.execute(_begin_sql(timeout_ms, tenant_id))
+                yield conn
+            except BaseException:
+                await _rollback(conn)
+                raise
+            # The COMMIT may wait for the synchronous standby: no client-side cancel from
+            # here. (The server's statement timeout does not interrupt that wait;
+            # tests/integration/test_ledger_syncrep.py checks both.)
+            bound.reschedule(None)
+            await conn.execute("COMMIT")
     except asyncpg.PostgresError as exc:
         raise storage_error(exc) from exc
     except (TimeoutError, OSError, asyncpg.InterfaceError) as exc:
         raise errors.StorageError(f"ledger transaction failed: {exc!r}") from exc
+    except asyncpg.InternalClientError as exc:
+        # The server ended the session under a statement (an administrator's or a
+        # failover's termination, noticed mid-protocol): the connection is unusable.
+        conn.terminate()
+        raise errors.StorageError(f"ledger connection lost: {exc!r}") from exc
+
+
+_ROLLBACK_TIMEOUT_S = 2.0
+
+
+def _begin_sql(timeout_ms: str, tenant_id: UUID | None) -> str:
+    settings = f"set_config('statement_timeout', '{timeout_ms}', true)"
+    if tenant_id is not None:
+        # UUID(str(...)) both validates and normalises: only hex digits and dashes remain.
+        settings += f", set_config('agentledger.tenant_id', '{UUID(str(tenant_id))}', true)"
+    return f"BEGIN ISOLATION LEVEL READ COMMITTED; SELECT {settings}"
+
+
+async def _rollback(conn: Conn, statement: str = "ROLLBACK") -> None:
+    """Roll back after a failure inside :func:`transaction`; a connection that cannot is
+    broken, and is closed (the server rolls back when the session ends; the pool replaces
+    it), so the original error is the one raised."""
+    if conn.is_closed():
+        return
+    try:
+        # Bounded: the failure may be the network itself (a partition), and the caller's
+        # deadline has already been spent.
+        async with asyncio.timeout(_ROLLBACK_TIMEOUT_S):
+            await conn.execute(statement)
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError,
+            OSError, TimeoutError):
+        conn.terminate()
 
 
 @dataclass(frozen=True)
@@ -351,9 +404,16 @@ async def load_command(
         CommandNotFound: no such command visible to this tenant.
     """
     async with transaction(conn, tenant_id) as tx:
-        row = await tx.fetchrow(Q["load_command"], tenant_id, operation_id)
+        row = await load_command_in(tx, tenant_id, operation_id)
     if row is None:
         raise errors.CommandNotFound(operation_id=str(operation_id))
+    return row
+
+
+async def load_command_in(tx: Conn, tenant_id: UUID, operation_id: UUID
+                          ) -> asyncpg.Record | None:
+    """:func:`load_command` inside the caller's tenant-bound transaction; None when absent."""
+    row: asyncpg.Record | None = await tx.fetchrow(Q["load_command"], tenant_id, operation_id)
     return row
 
 
