@@ -53,6 +53,10 @@ _RESULTS: dict[type, str] = {
     base.InDoubt: "in_doubt"}
 
 
+# ``_refusal``'s answer: the refusal (None: go on) and the write of the dispatch-time decision.
+Checked = tuple[tuple[dispatch.FinalState, str] | None, dispatch.Also | None]
+
+
 @dataclass(frozen=True)
 class Begun:
     """What ``begin`` found: a claim to complete, or why there is nothing to do."""
@@ -61,6 +65,8 @@ class Begun:
     claim: dispatch.Claim | None = None
     state: str | None = None
     row: asyncpg.Record | None = None  # the command as loaded before the claim
+    # The dispatch-time checks made in the claim's transaction (``_refusal``'s answer).
+    checked: Checked | None = None
 
 
 @dataclass
@@ -83,7 +89,8 @@ class Dispatcher:
     _spans: dict[UUID, Span] = field(default_factory=dict, init=False, repr=False)
     # The command row ``begin`` loaded for a claim (by attempt id), for ``complete``: every
     # field it reads is frozen at admission, so it is not loaded twice.
-    _rows: dict[UUID, asyncpg.Record] = field(default_factory=dict, init=False, repr=False)
+    _rows: dict[UUID, tuple[asyncpg.Record, Checked | None]] = field(
+        default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for connector in self.connectors.values():
@@ -126,16 +133,19 @@ class Dispatcher:
             span.set_attribute(spans.GENERATION, begun.claim.generation)
             self._spans[begun.claim.attempt_id] = span
             if begun.row is not None:
-                self._rows[begun.claim.attempt_id] = begun.row
+                self._rows[begun.claim.attempt_id] = (begun.row, begun.checked)
         return begun
 
     async def _begin(
         self, tenant_id: UUID, operation_id: UUID, traceparent: str | None
     ) -> Begun:
-        async with self.pool.acquire() as conn:
-            try:
-                row = await repository.load_command(conn, tenant_id, operation_id)
-            except errors.CommandNotFound:
+        # One transaction loads the command, claims it and makes the dispatch-time checks
+        # (R2.6: the current policy asked about the principal as recorded now); the
+        # decision's write goes with the pre-call mark or the refusal's finalize.
+        async with self.pool.acquire() as conn, \
+                repository.transaction(conn, tenant_id) as tx:
+            row = await repository.load_command_in(tx, tenant_id, operation_id)
+            if row is None:
                 return Begun("missing")
             if row["state"] in TERMINAL:
                 # Redelivery of a finished command: its recorded result stands (R5.7).
@@ -144,18 +154,19 @@ class Dispatcher:
                 # A record on the wrong topic: the command stays pending for the executor of
                 # its connector, which gets its own record (the claim refuses it too).
                 return Begun("foreign", state=row["state"])
-            held = await dispatch.claim(
-                conn, tenant_id, operation_id, worker_id=self.worker_id, lease_s=self.lease_s,
+            held = await dispatch.claim_in(
+                tx, tenant_id, operation_id, worker_id=self.worker_id, lease_s=self.lease_s,
                 traceparent=traceparent, connectors=list(self.connectors),
             )
-        if held is None:
-            return Begun("held", state=row["state"])
+            if held is None:
+                return Begun("held", state=row["state"])
+            checked = await self._refusal(tx, row, in_transaction=True)
         await faults.point("executor.after_claim")
-        return Begun("claimed", claim=held, row=row)
+        return Begun("claimed", claim=held, row=row, checked=checked)
 
     async def complete(self, held: dispatch.Claim, *, traceparent: str | None = None) -> str:
         """Check, call and record. Returns the state recorded; raises StaleClaim if fenced."""
-        row = self._rows.pop(held.attempt_id, None)
+        row, checked = self._rows.pop(held.attempt_id, (None, None))
         span = self._spans.pop(held.attempt_id, None) or tracer.start_span(
             "dispatch", context=spans.parent(traceparent), attributes={
                 spans.OPERATION_ID: str(held.operation_id), spans.GENERATION: held.generation})
@@ -164,7 +175,7 @@ class Dispatcher:
                             set_status_on_exception=False):
             try:
                 state = await self._complete(held, spans.traceparent_of(span) or traceparent,
-                                             seen, row)
+                                             seen, row, checked)
             except BaseException as exc:
                 spans.failed(span, exc)
                 raise
@@ -175,14 +186,14 @@ class Dispatcher:
 
     async def _complete(
         self, held: dispatch.Claim, traceparent: str | None, seen: dict[str, str],
-        row: asyncpg.Record | None,
+        row: asyncpg.Record | None, checked: Checked | None,
     ) -> str:
         async with self.pool.acquire() as conn:
             if row is None:
                 row = await repository.load_command(conn, held.tenant_id, held.operation_id)
             seen["connector"] = row["connector"]
             spans.annotate(action=row["action"], connector=row["connector"])
-            refusal, decided = await self._refusal(conn, row)
+            refusal, decided = checked or await self._refusal(conn, row)
             if refusal is not None:
                 state, reason = refusal
                 await self._finalize(conn, held, state, reason=reason, traceparent=traceparent,
@@ -213,13 +224,14 @@ class Dispatcher:
         return await self.record(held, result, traceparent=traceparent)
 
     async def _refusal(
-        self, conn: repository.Conn, row: asyncpg.Record
-    ) -> tuple[tuple[dispatch.FinalState, str] | None, dispatch.Also | None]:
+        self, conn: repository.Conn, row: asyncpg.Record, *, in_transaction: bool = False,
+    ) -> Checked:
         """R2.6: the decision must still be valid and the CURRENT policy must still permit.
 
         Returns the refusal (None: go on) and the write of the dispatch-time decision, for
         the transaction that comes next: the finalize of a refusal, or the pre-call mark
         (so the decision is durable before any call, in no transaction of its own).
+        ``in_transaction``: ``conn`` is in a transaction bound to the command's tenant.
         """
         # R9.2: a shadow run never writes. Admission refuses shadow proposals; this second,
         # independent check denies a shadow command that reached the ledger anyway, before
@@ -238,7 +250,7 @@ class Dispatcher:
         with spans.span(tracer, "authorization", attributes={spans.STAGE: "dispatch"}) as authz:
             verdict = await self.authorizer.authorize(
                 conn, tenant_id=row["tenant_id"], principal_id=row["principal_id"], action=spec,
-                resource_id=row["resource_id"])
+                resource_id=row["resource_id"], in_transaction=in_transaction)
             authz.set_attributes({spans.EFFECT: verdict.effect,
                                   spans.POLICY_VERSION: verdict.policy_version})
         telemetry_metrics.authorizations.add(1, stage="dispatch", outcome=verdict.effect)

@@ -82,32 +82,44 @@ async def claim(
     command is not claimable now: terminal, held by a live lease, locked by another worker,
     or (without ``take_over``) of a connector not in ``connectors``.
     """
-    token = uuid.uuid4()
     async with repository.transaction(conn, tenant_id) as tx:
-        if take_over:
-            row = await tx.fetchrow(Q["take_over"], tenant_id, operation_id, token, worker_id,
-                                    lease_s)
-        else:
-            row = await tx.fetchrow(Q["claim"], tenant_id, operation_id, token, worker_id,
-                                    lease_s, list(connectors))
-        if row is None:
-            return None
-        if take_over:
-            await tx.execute(Q["close_unsent_attempts"], tenant_id, operation_id,
-                             row["fencing_generation"])
-        attempt = await tx.fetchrow(
-            Q["start_attempt"], tenant_id, operation_id, row["fencing_generation"], worker_id,
-            kind, traceparent,
-        )
-        assert attempt is not None
-        await repository.append_event(
-            tx, tenant_id=tenant_id, operation_id=operation_id, family="audit",
-            type="command.claimed",
-            payload={"operation_id": str(operation_id), "worker_id": worker_id, "kind": kind,
-                     "fencing_generation": row["fencing_generation"],
-                     "previous_state": row.get("previous_state", "pending")},
-            traceparent=traceparent,
-        )
+        return await claim_in(tx, tenant_id, operation_id, worker_id=worker_id, lease_s=lease_s,
+                              kind=kind, traceparent=traceparent, take_over=take_over,
+                              connectors=connectors)
+
+
+async def claim_in(
+    tx: Conn, tenant_id: UUID, operation_id: UUID, *, worker_id: str, lease_s: float,
+    kind: AttemptKind = "dispatch", traceparent: str | None = None, take_over: bool = False,
+    connectors: Sequence[str] = (),
+) -> Claim | None:
+    """:func:`claim` inside the caller's transaction, bound to ``tenant_id`` (the executor
+    loads, claims and re-checks the policy in one). The claim counts once that commits."""
+    token = uuid.uuid4()
+    if take_over:
+        row = await tx.fetchrow(Q["take_over"], tenant_id, operation_id, token, worker_id,
+                                lease_s)
+    else:
+        row = await tx.fetchrow(Q["claim"], tenant_id, operation_id, token, worker_id,
+                                lease_s, list(connectors))
+    if row is None:
+        return None
+    if take_over:
+        await tx.execute(Q["close_unsent_attempts"], tenant_id, operation_id,
+                         row["fencing_generation"])
+    attempt = await tx.fetchrow(
+        Q["start_attempt"], tenant_id, operation_id, row["fencing_generation"], worker_id,
+        kind, traceparent,
+    )
+    assert attempt is not None
+    await repository.append_event(
+        tx, tenant_id=tenant_id, operation_id=operation_id, family="audit",
+        type="command.claimed",
+        payload={"operation_id": str(operation_id), "worker_id": worker_id, "kind": kind,
+                 "fencing_generation": row["fencing_generation"],
+                 "previous_state": row.get("previous_state", "pending")},
+        traceparent=traceparent,
+    )
     return Claim(tenant_id, operation_id, token, worker_id, int(row["fencing_generation"]),
                  row["lease_until"], attempt["attempt_id"],
                  row.get("previous_state") or "pending")
