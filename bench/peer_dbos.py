@@ -20,7 +20,7 @@ Settings that differ from DBOS's defaults, each so the peer is as fast as DBOS h
 - Kafka records are taken ``BENCH_PEER_KAFKA_BATCH`` at a time (default 64: bursts fill
   batches). DBOS's consumer calls ``consume(batch, timeout=1.0)``, which waits for a full batch
   or the second: at the steady phase's trickle that wait is most of the peer's latency, so
-  its latency figures are not comparable to ours (bench/README.md, "The peer");
+  the latency phase restarts the peer with batches of 1 (:mod:`bench.peer`);
 - the CRM is called with urllib3, the cheapest blocking client measured here
   (``bench/http_clients.py``: ~0.6 CPU-ms per request in worker threads; httpx sync ~1.0).
 """
