@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     burst = 300 if args.quick else 900
     seconds = 3.0 if args.quick else 6.0
     steady_s = 8.0 if args.quick else 15.0
+    curve_s = 4.0 if args.quick else 8.0  # per step of the load curve
     timeout = 180.0
 
     common = settings.load()
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             seconds=steady_s, rate=200.0, database_url=dbs.fresh("relay")))
         _phase("e2e", details, errors, lambda: e2e.run(
             boot, dbs.fresh("e2e"), dbs.fresh("e2e_crm"), logs, burst_size=burst,
-            steady_s=steady_s, timeout=timeout,
+            steady_s=steady_s, timeout=timeout, curve_s=curve_s,
             profile_to=profiles / "executor.raw" if profiles else None))
         if not args.skip_peer:
             _phase("peer", details, errors, lambda: peer.run(
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             "python": platform.python_version(),
             "load_avg_start": load_start, "load_avg_end": _load(),
             "options": {"burst": burst, "pgbench_and_library_s": seconds, "steady_s": steady_s,
+                        "curve_step_s": curve_s,
                         "quick": args.quick},
             "logs": str(logs),
         },

@@ -53,7 +53,8 @@ def slow_provider(crm: Crm) -> Callable[[bool], None]:
 
 
 def run(bootstrap: str, ledger_url: str, crm_url: str, logs: Path, *, burst_size: int,
-        steady_s: float, timeout: float, profile_to: Path | None = None) -> dict[str, Any]:
+        steady_s: float, timeout: float, profile_to: Path | None = None,
+        curve_s: float = 0.0) -> dict[str, Any]:
     """Measure the pipeline; returns the workload figures and the processes' costs."""
     with pipeline(bootstrap, ledger_url, crm_url, logs) as p:
         first = p.services["executor-crm"]
@@ -81,6 +82,9 @@ def run(bootstrap: str, ledger_url: str, crm_url: str, logs: Path, *, burst_size
                                       around_burst=around_burst)
             result["crm_cpu_s"] = {n: round(c - before.get(n, 0.0), 1)
                                    for n, c in crm_cpu.cpu().items()}
+            if curve_s > 0:
+                result["load_curve"] = workload.load_curve(
+                    target, result["burst"]["cmds_per_s"] or 10.0, curve_s, timeout)
             result["crm_peak_rss_mb"] = crm_cpu.peak_rss()
             result["topic_partitions"] = {"proposals": 3, "exec": 3}
         tag = p.ns.removeprefix("e2e").rstrip(".")

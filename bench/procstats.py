@@ -94,10 +94,11 @@ class Infrastructure:
             with conn.cursor() as cur:
                 cur.execute("SELECT pg_backend_pid()")
                 row = cur.fetchone()
+            # While the connection is open: its backend exits with it.
+            backend = psutil.Process(int(row[0])) if row else None
+            self.postmaster = backend.parent() if backend else None
         finally:
             conn.close()
-        backend = psutil.Process(int(row[0])) if row else None
-        self.postmaster = backend.parent() if backend else None
         port = int(bootstrap.split(",")[0].rsplit(":", 1)[1])
         self.broker = next((psutil.Process(c.pid) for c in psutil.net_connections("tcp")
                             if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port

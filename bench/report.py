@@ -132,6 +132,15 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["", "Peak RSS per process (MiB):", "",
               "| process | MiB |", "| --- | ---: |"]
     lines += [f"| {n} | {_cell(v)} |" for n, v in sorted(f["peak_rss_mb"].items())]
+    curve = _get(result.get("details", {}).get("e2e"), "load_curve")
+    if curve:
+        lines += ["", "Load curve, end to end (offered rate as a share of the burst rate; "
+                  "completed rate over each step's span):", "",
+                  "| share | offered /s | completed /s | completed | p50 ms | p99 ms |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [f"| {p['share']} | {_cell(p['offered_per_s'])} | "
+                  f"{_cell(p['completed_per_s'])} | {p['completed']}/{p['offered']} | "
+                  f"{_cell(p['ms_p50'])} | {_cell(p['ms_p99'])} |" for p in curve]
     if f.get("peer_error"):
         lines += ["", f"Peer not measured: `{f['peer_error']}`"]
     errors = {k: v for k, v in result.get("errors", {}).items() if v}

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,6 +31,9 @@ STALL_S = 30.0
 # The steady phase offers this share of the measured burst throughput, so queues stay short
 # and the latency is the pipeline's own, not time spent waiting behind the burst.
 STEADY_SHARE = 0.5
+# The load curve's offered rates, as shares of the burst throughput: below, at and past
+# saturation, so the knee shows.
+CURVE_SHARES = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 
 
 def proposal(tenant: str, customer: str, op: uuid.UUID) -> bytes:
@@ -59,12 +62,22 @@ class Target:
     database_url: str
     # SELECT operation_id::text, epoch of completion FROM ... WHERE operation_id = ANY(%s::uuid[])
     finished_sql: str
+    _producer: Producer | None = field(default=None, init=False, repr=False)
+
+    def producer(self) -> Producer:
+        """One producer for every phase of this target: a new one spends its first ~0.5 s
+        connecting and initialising idempotence, which the first records of each phase
+        would otherwise count as pipeline latency (it was most of p99). The warm-up pays it."""
+        if self._producer is None:
+            self._producer = Producer({"bootstrap.servers": self.bootstrap,
+                                       "enable.idempotence": True, "acks": "all",
+                                       "linger.ms": 2})
+        return self._producer
 
 
 def produce(target: Target, count: int, rate: float | None = None) -> dict[str, float]:
     """Produce ``count`` proposals (at ``rate`` per second, or at once); op id → produce time."""
-    producer = Producer({"bootstrap.servers": target.bootstrap, "enable.idempotence": True,
-                         "acks": "all", "linger.ms": 2})
+    producer = target.producer()
     started: dict[str, float] = {}
     begin = time.monotonic()
     for i in range(count):
@@ -151,6 +164,32 @@ def steady(target: Target, rate: float, seconds: float, timeout: float) -> dict[
         "ms_p99": stats.rounded(stats.percentile(latencies, 0.99)),
         "ms_max": stats.rounded(max(latencies) if latencies else None),
     }
+
+
+def load_curve(target: Target, throughput: float, seconds: float, timeout: float,
+               shares: tuple[float, ...] = CURVE_SHARES) -> list[dict[str, Any]]:
+    """Offered rate → completed rate and latency, one step per share of ``throughput``.
+
+    Each step offers its rate for ``seconds`` and waits for its completions; its completed
+    rate is completions over the span from its first produce to its last completion (below
+    the knee, the offered rate less the drain of the last few; past it, the pipeline's
+    capacity while a queue builds), its p50/p99 from produce time to persisted outcome.
+    """
+    points: list[dict[str, Any]] = []
+    for share in shares:
+        rate = max(2.0, share * throughput)
+        started = produce(target, max(10, round(rate * seconds)), rate=rate)
+        done = wait_finished(target, list(started), timeout)
+        latencies = stats.latencies_ms(started, done)
+        span = max(done.values()) - min(started.values()) if done else 0.0
+        points.append({
+            "share": share, "offered_per_s": round(rate, 1), "offered": len(started),
+            "completed": len(done),
+            "completed_per_s": stats.rounded(len(done) / span) if span > 0 else None,
+            "ms_p50": stats.rounded(stats.percentile(latencies, 0.50)),
+            "ms_p99": stats.rounded(stats.percentile(latencies, 0.99)),
+        })
+    return points
 
 
 def measure(target: Target, *, burst_size: int, steady_s: float, timeout: float,
