@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from dataclasses import dataclass
 from datetime import timedelta
 
 import asyncpg
 import confluent_kafka
 
-from agentledger import admission, crypto, errors, identity
+from agentledger import admission, crypto, errors, identity, services
 from agentledger.contracts import topics
 from agentledger.kafka import batch
 from agentledger.kafka import topics as kafka_topics
@@ -34,10 +33,7 @@ class AdmissionService:
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Serve until SIGTERM/SIGINT (or ``stop``), then finish the batch in hand and leave."""
         cfg = self.cfg
-        stop = stop or asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        stop = services.stop_on_signals(stop)
         rules = allowlist.Allowlist.load()
         if cfg.require_identity and not cfg.envelope_keys:
             raise errors.IdentityRejected(

@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import socket
 from dataclasses import dataclass
 
 import asyncpg
 import confluent_kafka
 
-from agentledger import crypto
+from agentledger import crypto, services
 from agentledger.connectors import base, crm
 from agentledger.contracts import topics
 from agentledger.executor import dispatcher, inflight
@@ -36,10 +35,7 @@ class ExecutorService:
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Serve until SIGTERM/SIGINT (or ``stop``); then drain in-flight calls and leave."""
         cfg = self.cfg
-        stop = stop or asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        stop = services.stop_on_signals(stop)
         topic = cfg.exec_topic or topics.exec_topic(cfg.connector)
         group = cfg.group_id or f"agentledger-executor-{cfg.connector}"
         client_id = f"agentledger-executor-{cfg.connector}"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 
 import asyncpg
 
+from agentledger import services
 from agentledger.connectors import base, crm
 from agentledger.executor import reconciler
 from agentledger.ledger import repository
@@ -24,10 +24,7 @@ async def run(cfg: ReconcilerSettings | None = None) -> None:
         if cfg.db_role:
             await conn.execute(f'SET ROLE "{cfg.db_role}"')
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = services.stop_on_signals()
     connectors = crm.registry(cfg.crm_url)
     pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=4, init=init)
     worker = reconciler.Reconciler(pool=pool, connectors=connectors,
