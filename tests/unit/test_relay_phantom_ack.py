@@ -1,4 +1,4 @@
-"""A success report is trusted only if its offset moves its partition forward."""
+"""A success report is trusted only if it has an offset that moves its partition forward."""
 
 from __future__ import annotations
 
@@ -23,8 +23,13 @@ def test_an_offset_already_acknowledged_is_a_phantom() -> None:
     assert acked == {("t", 0): 40}  # a phantom never moves the mark
 
 
-def test_reports_without_an_offset_are_not_judged() -> None:
+def test_reports_without_an_offset_are_not_trusted() -> None:
+    # librdkafka's "already written" (an idempotent duplicate): seen for a record that was
+    # never written (the first of a new partition), so it is refused, never swept on.
     acked = {("t", 0): 5}
-    assert phantom_ack(acked, "t", 0, -1001) is None  # OFFSET_INVALID
-    assert phantom_ack(acked, None, None, None) is None
-    assert acked == {("t", 0): 5}
+    for offset in (-1001, -1, None):  # OFFSET_INVALID, OFFSET_END, none at all
+        reason = phantom_ack(acked, "t", 0, offset)
+        assert reason is not None and "without an offset" in reason
+    assert phantom_ack(acked, None, None, None) is not None
+    assert phantom_ack({}, "t", 0, None) is not None  # even as a partition's first report
+    assert acked == {("t", 0): 5}  # a refused report never moves the mark

@@ -12,6 +12,16 @@ answers "success" with the OLD batch's offsets and drops the new records. Within
 producer, acknowledged offsets of a partition only grow, so a report at or below the last
 one seen for its partition is turned into a failure, and the producer is replaced (a new
 producer id starts clean sequences); the session then republishes from the slot.
+
+A success report WITHOUT an offset is not trusted either. librdkafka gives one when it
+believes the broker already holds the record (an idempotent retry answered as a duplicate),
+and it can be wrong: the first record produced to a freshly created topic's partition was
+reported delivered with no offset and never written — the records after it got offsets 0
+and 1, a full re-read did not find it, and the sweep had deleted its outbox row (the "lost
+record", docs/operations.md; reproduced by tests/integration/relay/test_relay_backstop.py
+in 1 of 50 runs). Such a report is a failure: the producer is replaced and the session
+republishes from the slot, so a record that was in fact written is published twice (same
+event id: consumers dedupe) instead of a record that was not being lost.
 """
 
 from __future__ import annotations
@@ -239,10 +249,12 @@ def phantom_ack(
     """Why a success report cannot be trusted (module doc), or ``None`` when it can.
 
     ``acked`` holds the highest offset acknowledged so far per partition, for one producer;
-    a trusted report raises it.
+    a trusted report raises it. A report without a partition or an offset is never trusted:
+    nothing says where, or whether, the record was written.
     """
     if topic is None or partition is None or offset is None or offset < 0:
-        return None  # nothing to compare (an acks=all broker always returns offsets)
+        return (f"acknowledged without an offset ({offset}): whether the record was written "
+                "cannot be checked")
     last = acked.get((topic, partition))
     if last is not None and offset <= last:
         return f"acknowledged at offset {offset}, not after {last}: the record may be lost"

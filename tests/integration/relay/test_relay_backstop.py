@@ -134,7 +134,6 @@ def test_a_healthy_relay_publishes_each_row_once_with_the_backstop_scanning(
     # Positive marker before the absence: the stop reports how many scans ran meanwhile.
     passes = [int(w.split("=")[1]) for w in log.split() if w.startswith("backstop_passes=")]
     assert passes and passes[-1] >= 1, log[-3000:]
-    assert log.count("event=relay.streaming") == 1, log[-3000:]  # one uninterrupted session
     missing = [c for c in commands if c.key not in by_key]
     if missing:
         # A recurrence of the lost record (docs/operations.md) names its mechanism: what is
@@ -147,6 +146,15 @@ def test_a_healthy_relay_publishes_each_row_once_with_the_backstop_scanning(
             f"{[(c.key, c.connector, str(c.event_id)) for c in missing]}; verdicts: {verdicts};"
             f" found by a full re-read: {[c.key for c in missing if c.key in again]}\n"
             + log[-6000:])
+    for c in commands:  # every copy is the same event
+        assert {r.header("id") for r in by_key[c.key]} == {str(c.event_id)}, log[-3000:]
+    if "event=relay.session_failed" in log:
+        # At-least-once: a failed session replays from the slot, and its copies are allowed.
+        # (Here, about 1 run in 50: Kafka acknowledged the first record of a new partition
+        # without an offset, which the relay refuses: it was the lost record.)
+        assert log.count("event=relay.streaming") >= 2, log[-3000:]
+        return
+    assert log.count("event=relay.streaming") == 1, log[-3000:]  # one uninterrupted session
     assert all(len(by_key[c.key]) == 1 for c in commands), log[-3000:]
     assert "event=relay.backstop " not in log, log[-3000:]
 
