@@ -25,7 +25,7 @@ from agentledger.approvals import repository as approvals
 from agentledger.contracts import admission as admission_contract
 from agentledger.contracts import common, outcomes
 from agentledger.contracts.proposals import ProposalV1
-from agentledger.ledger import keys, repository
+from agentledger.ledger import groupcommit, keys, repository
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import decision as decision_mod
 from agentledger.policy import repository as policy_repo
@@ -55,6 +55,17 @@ class _Checked:
     workflow_id: str | None
 
 
+@dataclass(frozen=True)
+class _Decided:
+    """What admission's transaction decided: refused, admitted, or sealed for approval."""
+
+    decision: decision_mod.Decision
+    record: Callable[[repository.Conn], Awaitable[None]]
+    refused: errors.AgentLedgerError | None = None
+    admitted: repository.AdmitResult | None = None
+    sealed: tuple[bytes, int] | None = None  # the payload's ciphertext and key version
+
+
 @dataclass
 class Admitter:
     """Admits proposals. One per process; safe for concurrent use."""
@@ -70,6 +81,13 @@ class Admitter:
     budget_limits: Mapping[budgets.Kind, int] = field(default_factory=dict)
     decision_ttl: timedelta = DEFAULT_DECISION_TTL
     approval_ttl: timedelta = DEFAULT_APPROVAL_TTL
+    # Admission transactions of one tenant that overlap share one COMMIT (group commit);
+    # None: one over ``pool`` with the default bounds.
+    group: groupcommit.GroupCommit | None = None
+    _group: groupcommit.GroupCommit = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._group = self.group or groupcommit.GroupCommit(self.pool)
 
     async def admit(
         self, proposal: ProposalV1, *, trace: common.TraceContext | None = None
@@ -125,18 +143,20 @@ class Admitter:
             tenant_id=proposal.tenant_id, principal_id=proposal.principal_id,
             action=spec.name, target=proposal.target, arguments=arguments,
             expected_revision=proposal.expected_revision)
-        async with self.pool.acquire() as conn:
+        if not self.cipher.holds(proposal.tenant_id):
             # The tenant's data key, fetched (and cached) before the transaction when cold,
             # so encrypting inside it is CPU only.
-            await self.cipher.warm(conn, proposal.tenant_id)
+            async with self.pool.acquire() as conn:
+                await self.cipher.warm(conn, proposal.tenant_id)
+
+        async def decide(conn: repository.Conn) -> _Decided:
             # One transaction decides and, when allowed, opens and reserves the budget,
             # admits, records the decision and settles the reservation: the budget stays
             # exact (the reservation and the admission commit or roll back together) and a
-            # refusal's audit event commits with nothing else.
+            # refusal's audit event commits with nothing else. Overlapping proposals of the
+            # tenant share its COMMIT (group commit; one's refusal never aborts another's).
             async with repository.transaction(conn, proposal.tenant_id) as tx:
                 decision = await self._authorize(tx, proposal, spec, arguments)
-                base |= {"decision_id": decision.decision_id,
-                         "policy_version": decision.policy_version}
 
                 async def record(tx: repository.Conn) -> None:
                     await policy_repo.record_decision(
@@ -146,26 +166,35 @@ class Admitter:
 
                 if decision.effect == "deny":
                     await record(tx)
-                    return AdmissionResultV1.refused(
-                        errors.PolicyDenied(decision.reason), decided_at=_now(), **base)
+                    return _Decided(decision, record, refused=errors.PolicyDenied(
+                        decision.reason))
                 ciphertext, key_version = await self.cipher.encrypt(
                     tx, proposal.tenant_id, proposal.operation_id,
                     canonical.canonical_bytes(arguments))
-                admitted: repository.AdmitResult | None = None
-                if decision.effect == "allow":
-                    found = await self._admit_allowed(
-                        tx, proposal, spec, checked.workflow_id, decision, request_hash,
-                        ciphertext, key_version, trace, record)
-                    if isinstance(found, errors.BudgetExhausted):
-                        return AdmissionResultV1.refused(found, decided_at=_now(), **base)
-                    admitted = found
-                    await faults.point("admission.before_commit")
-            if admitted is None:  # require_approval
-                # Its own transaction (approvals.request): the request, its decision and
-                # audit commit together there.
+                if decision.effect != "allow":  # require_approval
+                    return _Decided(decision, record, sealed=(ciphertext, key_version))
+                found = await self._admit_allowed(
+                    tx, proposal, spec, checked.workflow_id, decision, request_hash,
+                    ciphertext, key_version, trace, record)
+                if isinstance(found, errors.BudgetExhausted):
+                    return _Decided(decision, record, refused=found)
+                await faults.point("admission.before_commit")
+                return _Decided(decision, record, admitted=found)
+
+        decided = await self._group.run(proposal.tenant_id, decide)
+        base |= {"decision_id": decided.decision.decision_id,
+                 "policy_version": decided.decision.policy_version}
+        if decided.refused is not None:
+            return AdmissionResultV1.refused(decided.refused, decided_at=_now(), **base)
+        admitted = decided.admitted
+        if admitted is None:
+            # Approval required: its own transaction (approvals.request), where the request,
+            # its decision and audit commit together.
+            assert decided.sealed is not None
+            async with self.pool.acquire() as conn:
                 return await self._request_approval(
-                    conn, proposal, spec, decision, request_hash, ciphertext, key_version,
-                    trace, record, base)
+                    conn, proposal, spec, decided.decision, request_hash, *decided.sealed,
+                    trace, decided.record, base)
         if admitted.status == "conflict":
             return AdmissionResultV1.refused(errors.IdempotencyConflict(
                 "operation id already bound to a different request; nothing was changed",

@@ -25,7 +25,7 @@ from opentelemetry.trace import Link, Span, SpanKind
 
 from agentledger import errors, faults
 from agentledger.connectors import base
-from agentledger.ledger import dispatch, keys, repository
+from agentledger.ledger import dispatch, groupcommit, keys, repository
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import decision as decision_mod
 from agentledger.policy import repository as policy_repo
@@ -85,6 +85,10 @@ class Dispatcher:
     # Overrides every connector's declared call bound (``Contract.call_timeout_s``), e.g. a
     # short one under the chaos tier's short leases.
     call_timeout_s: float | None = None
+    # Claims, pre-call marks and finalizes that overlap share a transaction (one COMMIT).
+    # None: one over ``pool`` with the default bounds.
+    group: groupcommit.GroupCommit | None = None
+    _group: groupcommit.GroupCommit = field(init=False, repr=False)
     # The dispatch span opened by ``begin`` for a claim (by attempt id), closed by ``complete``.
     _spans: dict[UUID, Span] = field(default_factory=dict, init=False, repr=False)
     # The command row ``begin`` loaded for a claim (by attempt id), for ``complete``: every
@@ -93,6 +97,7 @@ class Dispatcher:
         default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self._group = self.group or groupcommit.GroupCommit(self.pool)
         for connector in self.connectors.values():
             if not 0 < self.call_bound(connector) <= dispatch.MAX_CALL_S:
                 # Past it, an operator's resolution could land while the call still runs.
@@ -141,28 +146,34 @@ class Dispatcher:
     ) -> Begun:
         # One transaction loads the command, claims it and makes the dispatch-time checks
         # (R2.6: the current policy asked about the principal as recorded now); the
-        # decision's write goes with the pre-call mark or the refusal's finalize.
-        async with self.pool.acquire() as conn, \
-                repository.transaction(conn, tenant_id) as tx:
-            row = await repository.load_command_in(tx, tenant_id, operation_id)
-            if row is None:
-                return Begun("missing")
-            if row["state"] in TERMINAL:
-                # Redelivery of a finished command: its recorded result stands (R5.7).
-                return Begun("terminal", state=row["state"])
-            if row["connector"] not in self.connectors:
-                # A record on the wrong topic: the command stays pending for the executor of
-                # its connector, which gets its own record (the claim refuses it too).
-                return Begun("foreign", state=row["state"])
-            held = await dispatch.claim_in(
-                tx, tenant_id, operation_id, worker_id=self.worker_id, lease_s=self.lease_s,
-                traceparent=traceparent, connectors=list(self.connectors),
-            )
-            if held is None:
-                return Begun("held", state=row["state"])
-            checked = await self._refusal(tx, row, in_transaction=True)
-        await faults.point("executor.after_claim")
-        return Begun("claimed", claim=held, row=row, checked=checked)
+        # decision's write goes with the pre-call mark or the refusal's finalize. Claims of
+        # records that arrived together share one (group commit).
+        async def claim(conn: repository.Conn) -> Begun:
+            async with repository.transaction(conn, tenant_id) as tx:
+                row = await repository.load_command_in(tx, tenant_id, operation_id)
+                if row is None:
+                    return Begun("missing")
+                if row["state"] in TERMINAL:
+                    # Redelivery of a finished command: its recorded result stands (R5.7).
+                    return Begun("terminal", state=row["state"])
+                if row["connector"] not in self.connectors:
+                    # A record on the wrong topic: the command stays pending for the executor
+                    # of its connector, which gets its own record (the claim refuses it too).
+                    return Begun("foreign", state=row["state"])
+                held = await dispatch.claim_in(
+                    tx, tenant_id, operation_id, worker_id=self.worker_id,
+                    lease_s=self.lease_s, traceparent=traceparent,
+                    connectors=list(self.connectors),
+                )
+                if held is None:
+                    return Begun("held", state=row["state"])
+                checked = await self._refusal(tx, row, in_transaction=True)
+            return Begun("claimed", claim=held, row=row, checked=checked)
+
+        begun = await self._group.run(tenant_id, claim)
+        if begun.claim is not None:
+            await faults.point("executor.after_claim")
+        return begun
 
     async def complete(self, held: dispatch.Claim, *, traceparent: str | None = None) -> str:
         """Check, call and record. Returns the state recorded; raises StaleClaim if fenced."""
@@ -305,11 +316,11 @@ class Dispatcher:
             StaleClaim: The claim is no longer current: the call is not made.
         """
         bound = self.call_bound(connector)
-        async with self.pool.acquire() as conn:
-            # Immediately before the call, on the ledger and not from memory: a worker that
-            # stalled past its lease (a GC pause, a frozen VM) must not act on a claim that was
-            # taken from it; and an unmarked claim is known never to have sent (issue 17).
-            await dispatch.mark_sending(conn, held, call_s=bound, also=also)
+        # Immediately before the call, on the ledger and not from memory: a worker that
+        # stalled past its lease (a GC pause, a frozen VM) must not act on a claim that was
+        # taken from it; and an unmarked claim is known never to have sent (issue 17).
+        await self._group.run(held.tenant_id, lambda conn: dispatch.mark_sending(
+            conn, held, call_s=bound, also=also))
         # A stall here (a GC pause, SIGSTOP) outlives the renewed lease: only the provider's
         # fencing can refuse the call that follows.
         await faults.point("executor.before_call")
@@ -334,22 +345,28 @@ class Dispatcher:
         self, held: dispatch.Claim, result: base.Result | base.NotFound, *,
         traceparent: str | None = None,
     ) -> str:
-        """Record a call's result as the command's state, conditional on the claim."""
-        async with self.pool.acquire() as conn:
-            if isinstance(result, base.Applied):
-                await self._finalize(conn, held, "succeeded", receipt=result.receipt,
-                                     traceparent=traceparent)
-                state = "succeeded"
-            elif isinstance(result, base.PreconditionFailed):
-                # R2.7: back to review; never retried without the condition.
-                await self._finalize(conn, held, "review_required", reason=result.reason,
-                                     traceparent=traceparent)
-                state = "review_required"
-            elif isinstance(result, base.Refused):
-                await self._finalize(conn, held, "denied", reason=result.reason,
-                                     traceparent=traceparent)
-                state = "denied"
-            elif isinstance(result, base.NotSent):
+        """Record a call's result as the command's state, conditional on the claim.
+        Finalizes that overlap share a transaction (group commit)."""
+        final: tuple[dispatch.FinalState, str | None, str | None] | None = None
+        if isinstance(result, base.Applied):
+            final = ("succeeded", result.receipt, None)
+        elif isinstance(result, base.PreconditionFailed):
+            final = ("review_required", None, result.reason)  # R2.7: back to review
+        elif isinstance(result, base.Refused):
+            final = ("denied", None, result.reason)
+        elif not isinstance(result, base.NotSent):
+            # No definitive answer: unknown, never an invented success (R6.1, R6.4).
+            final = ("unknown", None, result.reason)
+        state: str
+        if final is not None:
+            final_state, receipt, reason = final
+            await self._group.run(held.tenant_id, lambda conn: dispatch.finalize(
+                conn, held, final_state, receipt=receipt, reason=reason,
+                traceparent=traceparent))
+            state = final_state
+        else:
+            assert isinstance(result, base.NotSent)
+            async with self.pool.acquire() as conn:
                 # Nothing was sent: the provider is down or unreachable. Back off (with
                 # jitter) before the next generation instead of meeting the same outage
                 # at once; the reconciler publishes it when due (issue 18 §4).
@@ -361,11 +378,6 @@ class Dispatcher:
                 if requeued == "capped":
                     log.warning("event=retry_capped operation_id=%s generation=%d",
                                 held.operation_id, held.generation)
-            else:
-                # No definitive answer: unknown, never an invented success (R6.1, R6.4).
-                await self._finalize(conn, held, "unknown", reason=result.reason,
-                                     traceparent=traceparent)
-                state = "unknown"
         await faults.point("executor.after_receipt")
         log.info("event=dispatched operation_id=%s state=%s generation=%s",
                  held.operation_id, state, held.generation)

@@ -48,6 +48,10 @@ class PayloadCipher:
             self._keys.popitem(last=False)
         return key
 
+    def holds(self, tenant_id: UUID) -> bool:
+        """Whether the tenant's current data key is in memory (:meth:`warm` is a no-op)."""
+        return (tenant_id, None) in self._keys
+
     async def warm(self, conn: repository.Conn, tenant_id: UUID) -> None:
         """Have the tenant's current data key in memory (reading or creating it when it is
         not), so a later :meth:`encrypt` inside a transaction does no I/O."""

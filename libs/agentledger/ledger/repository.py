@@ -8,6 +8,7 @@ in time, and rolls back on any error (SPEC R4.2, R4.5).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hmac
 import json
 import socket
@@ -120,8 +121,24 @@ async def transaction(
         StorageError: any other database failure (retryable).
     """
     timeout_ms = f"{int(timeout * 1000)}ms"
+    join = _JOINED.get()
     try:
         async with asyncio.timeout(timeout) as bound:
+            if join is not None and join.conn is conn:
+                # Inside a group commit (``groupcommit``): the group's transaction is this
+                # one. A failure marks the group, which then rolls back and runs each of its
+                # units alone — what a savepoint would give, without its round trips.
+                if join.tenant_id != tenant_id:
+                    join.failed = True
+                    raise errors.StorageError("a grouped transaction is bound to another "
+                                              "tenant; the group runs its units alone")
+                try:
+                    yield conn
+                except BaseException:
+                    join.failed = True
+                    raise
+                bound.reschedule(None)
+                return
             if conn.is_in_transaction():
                 # Nested in a transaction: a savepoint, like asyncpg's nested transactions.
                 await conn.execute("SAVEPOINT agentledger_nested")
@@ -162,6 +179,26 @@ async def transaction(
 
 
 _ROLLBACK_TIMEOUT_S = 2.0
+
+
+@dataclass
+class Join:
+    """A group commit's transaction, which :func:`transaction` on its connection joins."""
+
+    conn: Conn
+    tenant_id: UUID | None
+    failed: bool = False  # a joined transaction failed: the group must not commit
+
+
+_JOINED: contextvars.ContextVar[Join | None] = contextvars.ContextVar(
+    "agentledger_joined_transaction", default=None)
+
+
+def join(group: Join) -> None:
+    """From now on in this context, :func:`transaction` on ``group.conn`` for its tenant
+    joins the transaction that connection is in instead of opening one (``groupcommit``:
+    called in a context made for one unit of the group)."""
+    _JOINED.set(group)
 
 
 def _begin_sql(timeout_ms: str, tenant_id: UUID | None) -> str:
