@@ -96,17 +96,24 @@ async def claim_in(
     """:func:`claim` inside the caller's transaction, bound to ``tenant_id`` (the executor
     loads, claims and re-checks the policy in one). The claim counts once that commits."""
     token = uuid.uuid4()
-    if take_over:
-        row = await tx.fetchrow(Q["take_over"], tenant_id, operation_id, token, worker_id,
-                                lease_s)
-    else:
-        row = await tx.fetchrow(Q["claim"], tenant_id, operation_id, token, worker_id,
-                                lease_s, list(connectors))
+    if not take_over:
+        # The claim, its attempt and its audit event in one statement.
+        claimed = await tx.fetchrow(
+            Q["claim"], tenant_id, operation_id, token, worker_id, lease_s, list(connectors),
+            kind, traceparent, repository.event_json(
+                {"operation_id": str(operation_id), "worker_id": worker_id, "kind": kind,
+                 "previous_state": "pending"}))
+        if claimed is None:
+            return None
+        return Claim(tenant_id, operation_id, token, worker_id,
+                     int(claimed["fencing_generation"]), claimed["lease_until"],
+                     claimed["attempt_id"], "pending")
+    row = await tx.fetchrow(Q["take_over"], tenant_id, operation_id, token, worker_id,
+                            lease_s)
     if row is None:
         return None
-    if take_over:
-        await tx.execute(Q["close_unsent_attempts"], tenant_id, operation_id,
-                         row["fencing_generation"])
+    await tx.execute(Q["close_unsent_attempts"], tenant_id, operation_id,
+                     row["fencing_generation"])
     attempt = await tx.fetchrow(
         Q["start_attempt"], tenant_id, operation_id, row["fencing_generation"], worker_id,
         kind, traceparent,
@@ -268,32 +275,24 @@ async def finalize(
         StaleClaim: the claim was taken over; nothing was written.
     """
     attempt_result = "error" if state == "pending" else state
+    # Built before any write: a payload that cannot be built (a success without a receipt)
+    # writes nothing.
+    audit = repository.event_json(
+        {"operation_id": str(held.operation_id), "state": state, "receipt": receipt,
+         "reason": reason, "worker_id": held.worker_id, "fencing_generation": held.generation})
+    outcome = outcomes.event_payload(held.tenant_id, held.operation_id, state, receipt, reason)
     async with repository.transaction(conn, held.tenant_id) as tx:
+        # The outcome, the attempt's end and both events in one statement.
         row = await tx.fetchrow(
             Q["finalize"], held.tenant_id, held.operation_id, held.token, state, receipt,
-            reason,
+            reason, held.attempt_id, attempt_result, (reason or receipt or "")[:500],
+            f"command.{state}", audit, f"outcome.{state}",
+            None if outcome is None else repository.event_json(outcome), traceparent,
         )
         if row is None:
             raise errors.StaleClaim(
                 "the lease was taken over; this worker's outcome is not recorded",
                 operation_id=str(held.operation_id), generation=held.generation,
-            )
-        await tx.execute(Q["finish_attempt"], held.tenant_id, held.attempt_id, attempt_result,
-                         (reason or receipt or "")[:500])
-        await repository.append_event(
-            tx, tenant_id=held.tenant_id, operation_id=held.operation_id, family="audit",
-            type=f"command.{state}",
-            payload={"operation_id": str(held.operation_id), "state": state,
-                     "receipt": receipt, "reason": reason, "worker_id": held.worker_id,
-                     "fencing_generation": held.generation},
-            traceparent=traceparent,
-        )
-        outcome = outcomes.event_payload(held.tenant_id, held.operation_id, state, receipt, reason)
-        if outcome is not None:
-            await repository.append_event(
-                tx, tenant_id=held.tenant_id, operation_id=held.operation_id,
-                family="outcome", type=f"outcome.{state}", payload=outcome,
-                traceparent=traceparent,
             )
         if also is not None:
             await also(tx)

@@ -4,21 +4,37 @@
 -- R5.1/R5.2: take a PENDING command in one short statement: row lock with SKIP LOCKED, the
 -- state checked atomically, a bounded lease, a fresh claim token, fencing generation + 1.
 -- Only a command of a connector the worker holds ($6): a record on the wrong topic must
--- not leave a command claimed by a worker that cannot send it (issue 17).
+-- not leave a command claimed by a worker that cannot send it (issue 17). In the same
+-- statement (one round trip): the attempt row the claim authorises (R5.6; $7 its kind, $8
+-- the trace) and its `command.claimed` audit event ($9: the payload, less the generation).
 WITH target AS (
   SELECT tenant_id, operation_id FROM agent_command
   WHERE tenant_id = $1 AND operation_id = $2 AND state = 'pending'
     AND connector = ANY($6::text[])
   FOR UPDATE SKIP LOCKED
+), claimed AS (
+  UPDATE agent_command c
+  SET state = 'dispatching', claim_token = $3, claimed_by = $4,
+      lease_until = now() + make_interval(secs => $5),
+      fencing_generation = c.fencing_generation + 1,
+      dispatched_at = coalesce(c.dispatched_at, now()), updated_at = now()
+  FROM target
+  WHERE c.tenant_id = target.tenant_id AND c.operation_id = target.operation_id
+  RETURNING c.fencing_generation, c.lease_until
+), attempt AS (
+  INSERT INTO command_attempt (tenant_id, operation_id, fencing_generation, worker_id, kind,
+                               traceparent)
+  SELECT $1, $2, fencing_generation, $4, $7, $8 FROM claimed
+  RETURNING attempt_id
+), audit AS (
+  INSERT INTO event_outbox (tenant_id, operation_id, aggregatetype, aggregateid, type, payload,
+                            traceparent)
+  SELECT $1::uuid, $2, 'audit', $1::uuid::text, 'command.claimed',
+         $9::jsonb || jsonb_build_object('fencing_generation', fencing_generation), $8
+  FROM claimed
 )
-UPDATE agent_command c
-SET state = 'dispatching', claim_token = $3, claimed_by = $4,
-    lease_until = now() + make_interval(secs => $5),
-    fencing_generation = c.fencing_generation + 1,
-    dispatched_at = coalesce(c.dispatched_at, now()), updated_at = now()
-FROM target
-WHERE c.tenant_id = target.tenant_id AND c.operation_id = target.operation_id
-RETURNING c.fencing_generation, c.lease_until;
+SELECT claimed.fencing_generation, claimed.lease_until, attempt.attempt_id
+FROM claimed, attempt;
 
 -- name: take_over --
 -- R5.5: the reconciler takes over a command whose lease expired, or an `unknown` one it can
@@ -82,12 +98,29 @@ WHERE tenant_id = $1 AND attempt_id = $2;
 -- name: finalize --
 -- R5.3: only the holder of the current claim token records an outcome; the lease and token
 -- are cleared. `pending` (nothing was sent) and `unknown` are not terminal: no finished_at.
-UPDATE agent_command
-SET state = $4, provider_receipt = $5, outcome_reason = $6, lease_until = NULL,
-    claim_token = NULL, updated_at = now(),
-    finished_at = CASE WHEN $4 IN ('pending', 'unknown') THEN NULL ELSE now() END
-WHERE tenant_id = $1 AND operation_id = $2 AND claim_token = $3 AND state = 'dispatching'
-RETURNING fencing_generation;
+-- In the same statement (one round trip), only when the claim held: the attempt ($7) is
+-- closed with its result and detail ($8, $9), the audit event is written ($10 type, $11
+-- payload) and, for terminal and unknown states, the outcome event ($12, $13; NULL: none),
+-- both with the trace ($14).
+WITH done AS (
+  UPDATE agent_command
+  SET state = $4, provider_receipt = $5, outcome_reason = $6, lease_until = NULL,
+      claim_token = NULL, updated_at = now(),
+      finished_at = CASE WHEN $4 IN ('pending', 'unknown') THEN NULL ELSE now() END
+  WHERE tenant_id = $1 AND operation_id = $2 AND claim_token = $3 AND state = 'dispatching'
+  RETURNING fencing_generation
+), attempt AS (
+  UPDATE command_attempt SET finished_at = now(), result = $8, detail = $9
+  WHERE tenant_id = $1 AND attempt_id = $7 AND EXISTS (SELECT 1 FROM done)
+), events AS (
+  INSERT INTO event_outbox (tenant_id, operation_id, aggregatetype, aggregateid, type, payload,
+                            traceparent)
+  SELECT $1::uuid, $2, e.family, $1::uuid::text, e.type, e.payload, $14
+  FROM done, (VALUES ('audit', $10::text, $11::jsonb), ('outcome', $12::text, $13::jsonb))
+    AS e (family, type, payload)
+  WHERE e.payload IS NOT NULL
+)
+SELECT fencing_generation FROM done;
 
 -- name: attempts --
 -- Every attempt of a command, oldest first.

@@ -288,9 +288,14 @@ async def append_event(
 ) -> None:
     """Write an audit or outcome event into the outbox, inside the caller's transaction."""
     await conn.execute(
-        Q["append_event"], tenant_id, operation_id, family, type,
-        json.dumps(payload, default=str, separators=(",", ":")), traceparent, tracestate,
+        Q["append_event"], tenant_id, operation_id, family, type, event_json(payload),
+        traceparent, tracestate,
     )
+
+
+def event_json(payload: Mapping[str, Any]) -> str:
+    """An event's payload as the outbox stores it (for statements that write events)."""
+    return json.dumps(payload, default=str, separators=(",", ":"))
 
 
 async def admit_in(
