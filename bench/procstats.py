@@ -89,6 +89,7 @@ class Infrastructure:
     def __init__(self, database_url: str, bootstrap: str) -> None:
         import psycopg2  # the bench's own dependency; only here
 
+        self.database_url = database_url
         conn = psycopg2.connect(database_url)
         try:
             with conn.cursor() as cur:
@@ -103,6 +104,23 @@ class Infrastructure:
         self.broker = next((psutil.Process(c.pid) for c in psutil.net_connections("tcp")
                             if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
                             and c.pid), None)
+
+    def commits(self) -> int | None:
+        """Transactions committed by the whole cluster so far (``pg_stat_database``; every
+        transaction counts, read-only ones too): where group commit shows."""
+        import psycopg2
+
+        try:
+            conn = psycopg2.connect(self.database_url)
+        except psycopg2.Error:
+            return None
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT sum(xact_commit)::bigint FROM pg_stat_database")
+                row = cur.fetchone()
+            return int(row[0]) if row and row[0] is not None else None
+        finally:
+            conn.close()
 
     def cpu(self) -> dict[str, float]:
         out: dict[str, float] = {}

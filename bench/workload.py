@@ -133,9 +133,11 @@ def burst(target: Target, count: int, timeout: float,
     """All proposals at once: steady-state throughput and CPU per 1,000 commands."""
     infra = procstats.Infrastructure(target.database_url, target.bootstrap)
     cpu_before, infra_before = (processes.cpu() if processes else {}), infra.cpu()
+    commits_before = infra.commits()
     started = produce(target, count)
     done = wait_finished(target, list(started), timeout)
     cpu_after, infra_after = (processes.cpu() if processes else {}), infra.cpu()
+    commits_after = infra.commits()
     first = min(started.values())
     result: dict[str, Any] = {
         "offered": count, "completed": len(done),
@@ -146,6 +148,11 @@ def burst(target: Target, count: int, timeout: float,
     # a durable engine's cost lands; our figure and the peer's leave it out otherwise).
     result["infra_cpu_s_per_1000"] = {
         n: procstats.cpu_per_1000(infra_before, infra_after, len(done), [n]) for n in infra_after}
+    if commits_before is not None and commits_after is not None and done:
+        # Every transaction the cluster committed per command, the completion polling and
+        # the CRM's included (both sides have those). Backends report their counts when
+        # idle, within a second: over a burst of many seconds the lag is noise.
+        result["commits_per_cmd"] = round((commits_after - commits_before) / len(done), 2)
     if processes:
         result["cpu_s_per_1000"] = procstats.cpu_per_1000(cpu_before, cpu_after, len(done))
         result["cpu_s_per_1000_by_process"] = {
