@@ -7,6 +7,8 @@ over the ledger and the CRM's effect log. Figures go to reports/chaos.json.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 import uuid
 
@@ -69,6 +71,43 @@ def test_kill_admission_after_its_answers_before_the_offset_commit(chaos: Pipeli
 def test_kill_executor_after_commit_before_dispatch(chaos: Pipeline) -> None:
     report = _run(chaos, "executor.after_claim", "executor-crm")
     assert report.unknowns == 0  # keyed: the reconciler requeues and the key dedupes
+    _assert_zeros(report)
+
+
+def test_kill_executor_inside_a_group_commit_before_its_commit(chaos: Pipeline) -> None:
+    # Issue 20: the claims of records that arrive together share one transaction. Killed
+    # with every claim of the group written and its one COMMIT not sent: none of them is
+    # claimed and no offset moved; the restarted executor claims and sends each once.
+    started, baseline = time.monotonic(), harness.effect_baseline(chaos)
+    report = harness.PointReport("groupcommit.before_commit")
+    executor = chaos.services["executor-crm"]
+    ops: dict[uuid.UUID, str] = {}
+    submit = harness.note(chaos, ops)
+    for _ in range(harness.KILLS):
+        harness.restart(chaos, "executor-crm", "groupcommit.before_commit:kill:1")
+        # A group forms when records reach the executor together: the executor is stopped
+        # while a burst's exec records land in its topic, then resumed to find them all.
+        # Should they still come one by one, another burst follows (bounded).
+        deadline = time.monotonic() + 90
+        while executor.alive() and time.monotonic() < deadline:
+            pid = executor.proc.pid if executor.proc else 0
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                before = harness.exec_lag(chaos)
+                for _ in range(5):
+                    submit()
+                assert wait_until(lambda before=before: harness.exec_lag(chaos) >= before + 5,
+                                  timeout=60), "the burst's exec records never arrived"
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            wait_until(lambda: not executor.alive(), timeout=10)
+        harness.wait_killed(chaos, "executor-crm")
+        report.kills += 1
+    harness.restart(chaos, "executor-crm", None)
+    assert harness.settle(chaos, ops), harness.unsettled(chaos, ops)
+    report.seconds = time.monotonic() - started
+    report = harness.check(chaos, report, ops, baseline)
+    assert report.unknowns == 0  # nothing was sent under the lost claims
     _assert_zeros(report)
 
 

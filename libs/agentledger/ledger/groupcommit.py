@@ -41,7 +41,7 @@ from uuid import UUID
 
 import asyncpg
 
-from agentledger import errors
+from agentledger import errors, faults
 from agentledger.ledger import repository
 
 log = logging.getLogger(__name__)
@@ -153,6 +153,7 @@ class GroupCommit:
                             break
                     if join.failed:
                         raise _Fallback()
+                    await faults.point("groupcommit.before_commit")
                     committing = True
         except _Fallback:
             failed = None
