@@ -14,7 +14,7 @@ from agentledger import admission, crypto, errors, identity, services
 from agentledger.contracts import topics
 from agentledger.kafka import batch
 from agentledger.kafka import topics as kafka_topics
-from agentledger.ledger import keys, repository
+from agentledger.ledger import groupcommit, keys, repository
 from agentledger.policy import allowlist
 from agentledger.policy import repository as policy_repo
 from agentledger.resources.crm import CrmResolver
@@ -54,6 +54,7 @@ class AdmissionService:
                                          init=init)
         producer = confluent_kafka.Producer(
             batch.producer_config(cfg.kafka_bootstrap, client_id="agentledger-admission"))
+        commits = groupcommit.GroupCommit(pool)
         try:
             connect = batch.connector(batch.consumer_config(
                 cfg.kafka_bootstrap, group_id=cfg.group_id,
@@ -69,7 +70,7 @@ class AdmissionService:
                 budget_limits={"tool_calls": cfg.budget_tool_calls} if cfg.budget_tool_calls
                 else {},
                 decision_ttl=timedelta(seconds=cfg.decision_ttl_s),
-                approval_ttl=timedelta(seconds=cfg.approval_ttl_s),
+                approval_ttl=timedelta(seconds=cfg.approval_ttl_s), group=commits,
             )
             log.info("event=admission_started topic=%s group=%s", cfg.proposals_topic,
                      cfg.group_id)
@@ -78,6 +79,7 @@ class AdmissionService:
                 max_records=cfg.batch_size, concurrency=cfg.concurrency,
             ).run(stop)
         finally:
+            commits.log_stats()
             await asyncio.to_thread(producer.flush, 10)
             await resolver.aclose()
             await pool.close()

@@ -17,7 +17,7 @@ from agentledger.contracts import topics
 from agentledger.executor import dispatcher, inflight
 from agentledger.kafka import batch
 from agentledger.kafka import topics as kafka_topics
-from agentledger.ledger import dispatch, keys, repository
+from agentledger.ledger import dispatch, groupcommit, keys, repository
 from agentledger.policy import allowlist
 from agentledger.policy import repository as policy_repo
 from agentledger.services.executor import handlers
@@ -60,6 +60,7 @@ class ExecutorService:
                                          init=init)
         producer = confluent_kafka.Producer(
             batch.producer_config(cfg.kafka_bootstrap, client_id=client_id))
+        commits = groupcommit.GroupCommit(pool)
         try:
             if stable:
                 # Our predecessor under this identity is gone (Kafka admits one live static
@@ -76,7 +77,7 @@ class ExecutorService:
                 authorizer=policy_repo.CedarAuthorizer(), allowlist=rules,
                 worker_id=worker_id,
                 lease_s=cfg.lease_s, max_generations=cfg.max_generations,
-                call_timeout_s=cfg.call_timeout_s,
+                call_timeout_s=cfg.call_timeout_s, group=commits,
             )
             connect = batch.connector(batch.consumer_config(
                 cfg.kafka_bootstrap, group_id=group, group_instance_id=cfg.group_instance_id,
@@ -90,6 +91,7 @@ class ExecutorService:
         finally:
             # Finish in-flight calls (their claims) before closing the pool.
             await running.drain(cfg.drain_s)
+            commits.log_stats()
             await asyncio.to_thread(producer.flush, 10)
             for connector in connectors.values():
                 await connector.aclose()

@@ -87,6 +87,12 @@ class GroupCommit:
     _running: int = field(default=0, init=False)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False)
 
+    def log_stats(self) -> None:
+        """One log line of what grouping did (at a service's stop)."""
+        s = self.stats
+        log.info("event=group_commit_stats groups=%d grouped_units=%d alone=%d fallbacks=%d",
+                 s.groups, s.grouped_units, s.alone, s.fallbacks)
+
     async def run(self, tenant_id: UUID, unit: Unit[R]) -> R:
         """Run ``unit`` (alone, or in a group of the same tenant) and return its result once
         its transaction is committed; raises what the unit raises when it runs alone."""
