@@ -4,6 +4,9 @@ Business API, ``Authorization: Bearer <tenant token>``; the token decides the te
 another tenant's data answers exactly like missing data (404):
 
 - ``GET   /v1/customers/{id}`` (read): the record, ``ETag: "<revision>"``.
+- ``GET   /v1/customers?id=a&id=b`` (read): ``{"revisions": {id: revision}}`` for the ids
+  found (up to 100; a missing or another tenant's id is simply absent) — one read for many
+  targets (admission's R1.4 check of a batch of proposals).
 - ``POST  /v1/customers/{id}/notes`` (write): 201. ``Idempotency-Key`` optional, ``If-Match``
   optional (412 if stale). A note does not change the revision.
 - ``PATCH /v1/customers/{id}/contact`` (write): 200 + new ``ETag``. ``If-Match`` required
@@ -177,6 +180,19 @@ def _applied(kind: str, principal: store.Principal, customer_id: str, key: str |
 
 
 api = APIRouter()
+
+
+MAX_REVISIONS = 100
+
+
+@api.get("/v1/customers", response_model=models.Revisions)
+async def customer_revisions(
+    principal: Reader, crm: StoreDep,
+    ids: Annotated[list[models.CustomerId],
+                   Query(alias="id", min_length=1, max_length=MAX_REVISIONS)],
+) -> Response:
+    found = await crm.customer_revisions(principal.tenant_id, sorted(set(ids)))
+    return Reply.of(200, models.Revisions(revisions=found)).response()
 
 
 @api.get("/v1/customers/{customer_id}", response_model=models.Customer)

@@ -85,6 +85,12 @@ class Customer(Contact):
     updated_at: datetime
 
 
+class Revisions(BaseModel):
+    """``GET /v1/customers?id=…``: the current revision of each id found in the tenant."""
+
+    revisions: dict[str, int]
+
+
 class NoteCreate(BaseModel):
     model_config = CLOSED
 

@@ -33,6 +33,12 @@ RETURNING *;
 -- One customer of one tenant (another tenant's customer is simply not found).
 SELECT * FROM crm_customer WHERE tenant_id = $1 AND customer_id = $2;
 
+-- name: customer_revisions --
+-- The revisions of the customers of one tenant among the ids given ($2); absent ids, like
+-- another tenant's, are simply not in the answer.
+SELECT customer_id, revision FROM crm_customer
+WHERE tenant_id = $1 AND customer_id = ANY($2::text[]);
+
 -- name: lock_customer --
 -- The customer row, locked so its revision cannot change before this transaction ends.
 SELECT * FROM crm_customer WHERE tenant_id = $1 AND customer_id = $2 FOR UPDATE;

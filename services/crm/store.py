@@ -259,6 +259,14 @@ class Store:
             raise errors.NotFound()
         return models.Customer.model_validate(dict(row))
 
+    async def customer_revisions(self, tenant_id: str, customer_ids: list[str]
+                                 ) -> dict[str, int]:
+        """The current revision of each of ``customer_ids`` that exists in the tenant."""
+        with _translated():
+            rows = await self._pool.fetch(QUERIES["customer_revisions"], tenant_id,
+                                          customer_ids)
+        return {row["customer_id"]: row["revision"] for row in rows}
+
     async def get_operation(self, tenant_id: str, key: str) -> Recorded | None:
         """The unexpired response recorded for ``key`` in this tenant."""
         with _translated():

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
-from urllib.parse import quote
+from urllib.parse import urlencode
 from uuid import UUID
 
 import aiohttp
@@ -16,8 +17,19 @@ from agentledger.resources import Resource, not_found
 TIMEOUT_S = 5.0
 
 
+# Ids per read of many (the CRM's bound on ``GET /v1/customers?id=…``).
+MAX_BATCH = 100
+
+
 class CrmResolver:
-    """Looks customers up in the CRM, in the proposal's tenant only."""
+    """Looks customers up in the CRM, in the proposal's tenant only.
+
+    Resolutions of one tenant asked at the same moment (the proposals of one Kafka batch,
+    checked concurrently) share one read: ``GET /v1/customers?id=a&id=b``, which answers the
+    current revision of each id found. Every resolution is still a read made after it was
+    asked — nothing is cached, so a revision that changes is never hidden (R1.4). A lone
+    resolution is a read of one id, sent at once.
+    """
 
     def __init__(self, base_url: str, read_tokens: Mapping[str, str]) -> None:
         """Args:
@@ -27,6 +39,10 @@ class CrmResolver:
         self._tokens = dict(read_tokens)
         self._client = httpclient.Client(base_url,
                                          timeout=aiohttp.ClientTimeout(total=TIMEOUT_S))
+        # Per tenant: the ids asked since the last read was sent, each with its waiters.
+        self._asked: dict[str, dict[str, list[asyncio.Future[str | None]]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.reads = 0  # reads sent (for tests and the benchmark)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -35,17 +51,82 @@ class CrmResolver:
         token = self._tokens.get(str(tenant_id))
         if token is None:
             raise not_found(resource_id)  # a tenant we hold no scope for has no resources
+        tenant = str(tenant_id)
+        asked = self._asked.get(tenant)
+        if asked is None:
+            # The first of this moment: the read goes once the loop has let every resolution
+            # asked along with it join (the tasks already ready run first).
+            asked = self._asked[tenant] = {}
+            task = asyncio.create_task(self._read(tenant, token))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        waiter: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        asked.setdefault(resource_id, []).append(waiter)
+        revision = await waiter
+        if revision is None:
+            raise not_found(resource_id)
+        return Resource(connector, resource_id, revision)
+
+    async def _read(self, tenant: str, token: str) -> None:
+        asked = self._asked.pop(tenant)
+        try:
+            await self._answer(asked, token)
+        finally:
+            # Whatever happened (a bug, a cancelled task at shutdown), nobody waits forever.
+            for waiters in asked.values():
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_exception(errors.StorageError("the resolution was aborted"))
+
+    async def _answer(self, asked: dict[str, list[asyncio.Future[str | None]]],
+                      token: str) -> None:
+        ids = list(asked)
+        for start in range(0, len(ids), MAX_BATCH):
+            chunk = ids[start:start + MAX_BATCH]
+            try:
+                found = await self._revisions(token, chunk)
+            except Exception as exc:  # every waiter of the chunk gets the read's error
+                for resource_id in chunk:
+                    for waiter in asked[resource_id]:
+                        if not waiter.done():
+                            waiter.set_exception(exc)
+                continue
+            for resource_id in chunk:
+                revision = found.get(resource_id)
+                for waiter in asked[resource_id]:
+                    if not waiter.done():
+                        waiter.set_result(None if revision is None else str(revision))
+
+    async def _revisions(self, token: str, ids: list[str]) -> dict[str, int]:
+        """The current revision of each id the tenant has (absent: not found).
+
+        Raises:
+            StorageError: the CRM is unreachable or failing (retryable).
+            IdentityRejected: the CRM refused the read token.
+        """
+        self.reads += 1
         try:
             response = await self._client.request(
-                "GET", f"/v1/customers/{quote(resource_id, safe='')}",
+                "GET", f"/v1/customers?{urlencode([('id', i) for i in ids])}",
                 headers={"Authorization": f"Bearer {token}"})
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise errors.StorageError(f"CRM unreachable while resolving: {exc!r}") from exc
-        if response.status in (404, 422):
-            raise not_found(resource_id)
+        if response.status == 422:
+            # An id the CRM cannot hold (its alphabet) names no customer; the others are
+            # asked again one by one so one such id never hides another's answer.
+            if len(ids) == 1:
+                return {}
+            found: dict[str, int] = {}
+            for one in ids:
+                found.update(await self._revisions(token, [one]))
+            return found
         if response.status >= 500:
             raise errors.StorageError(f"CRM answered {response.status} while resolving")
         if response.status != 200:
             raise errors.IdentityRejected(f"CRM refused the read token ({response.status})")
-        etag = response.headers.get("ETag", "")
-        return Resource(connector, resource_id, etag.removeprefix("W/").strip('"') or None)
+        try:
+            revisions = response.json()["revisions"]
+            return {str(k): int(v) for k, v in revisions.items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise errors.StorageError(f"CRM answered an unreadable revision list: {exc!r}"
+                                      ) from exc
