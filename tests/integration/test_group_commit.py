@@ -149,6 +149,36 @@ async def test_a_unit_binding_another_tenant_runs_alone(pool: asyncpg.Pool) -> N
     assert list(await committed(pool)) == [1]
 
 
+async def test_two_groups_that_deadlock_end_with_every_unit_done(pool: asyncpg.Pool) -> None:
+    # A group holds its units' row locks until its COMMIT. Two groups locking rows 1 and 2
+    # in opposite orders deadlock; Postgres ends one (40P01), whose units then run alone.
+    async with pool.acquire() as conn:
+        await conn.execute("INSERT INTO gc_probe (n, txid) VALUES (1, 0), (2, 0)")
+    first_locks: list[int] = []
+    both_locked = asyncio.Event()
+
+    def lock(row: int, *, first: bool) -> Callable[[repository.Conn], Coroutine[Any, Any, int]]:
+        async def unit(conn: repository.Conn) -> int:
+            async with repository.transaction(conn, TENANT) as tx:
+                await tx.execute("SELECT 1 FROM gc_probe WHERE n = $1 FOR UPDATE", row)
+                if first and not both_locked.is_set():
+                    first_locks.append(row)  # each group holds its first row, then both go on
+                    if len(first_locks) == 2:
+                        both_locked.set()
+                    await both_locked.wait()
+                return int(await tx.fetchval("SELECT txid_current()"))
+        return unit
+
+    one, two = (groupcommit.GroupCommit(pool, leaders=1) for _ in range(2))
+    txids = await asyncio.wait_for(asyncio.gather(
+        one.run(TENANT, lock(1, first=True)), one.run(TENANT, lock(2, first=False)),
+        two.run(TENANT, lock(2, first=True)), two.run(TENANT, lock(1, first=False))), 30)
+    assert sorted(first_locks) == [1, 2]
+    assert (one.stats.fallbacks + two.stats.fallbacks, one.stats.groups + two.stats.groups) == (1, 1)
+    # The group that committed shares one transaction; the other's units each had their own.
+    assert len(set(txids)) == 3
+
+
 async def test_claims_of_records_that_arrive_together_share_one_commit(world: World) -> None:
     """The executor's claims in one transaction: each still gets its own claim, attempt,
     audit event and dispatch-time decision; a missing and a held command in the same group
