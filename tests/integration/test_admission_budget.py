@@ -10,6 +10,7 @@ replay, not a budget refusal: its command exists and runs.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -19,7 +20,7 @@ import pytest
 
 from agentledger import admission, errors, faults
 from agentledger.contracts.proposals import ProposalV1
-from agentledger.ledger import keys
+from agentledger.ledger import groupcommit, keys
 from agentledger.policy import allowlist
 from agentledger.policy import repository as policy_repo
 from agentledger.resources import MappingResolver
@@ -109,5 +110,54 @@ async def test_a_connection_lost_before_commit_leaves_no_reservation_and_the_ret
             "ORDER BY seq", proposal.operation_id)] == ["command.admitted", "command.replayed"]
         assert await admin.fetchval("SELECT count(*) FROM agent_command WHERE operation_id = $1",
                                     proposal.operation_id) == 1
+    finally:
+        await admin.close()
+
+
+def signed(request_id: uuid.UUID, operation_id: uuid.UUID, body: str,
+           principal: str = "user:alice") -> ProposalV1:
+    return ProposalV1.model_validate(identities.sign({
+        "schema": "agentledger.proposal.v1", "proposal_id": str(uuid.uuid4()),
+        "tenant_id": str(TENANT), "principal_id": principal,
+        "operation_id": str(operation_id), "action": "crm.note.create",
+        "arguments": {"customer_id": "c-1", "body": body}, "target": "c-1",
+        "planner": {"name": "scripted"}, "created_at": datetime.now(UTC).isoformat()},
+        request_id=request_id))
+
+
+async def test_proposals_admitted_in_one_group_commit_each_get_their_own_answer(
+    admitter: admission.Admitter, database_url: str,
+) -> None:
+    # Issue 20 §2: the admissions of one batch share a COMMIT. A budget refusal, a denial, a
+    # replay and a conflict in the group change nothing of the others'; the budget stays
+    # exact; two proposals with one operation id give one admission and one replay.
+    admitter._group = groupcommit.GroupCommit(admitter.pool, leaders=1)
+    async with admitter.pool.acquire() as conn:
+        await admitter.cipher.warm(conn, TENANT)  # so all five reach the group together
+    r, s = uuid.uuid4(), uuid.uuid4()
+    op1, op2, op3 = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    again = signed(s, op3, "called back")
+    proposals = [
+        signed(r, op1, "called back"),                      # admitted: R's one tool call
+        signed(r, op2, "called back"),                      # R's budget is spent: refused
+        again,                                              # admitted: S's one tool call
+        again,                                              # the same proposal: replayed
+        signed(s, op3, "a different note"),                 # op3 with other content: conflict
+        signed(s, uuid.uuid4(), "x", principal="user:nobody"),  # unknown principal: denied
+    ]
+    answers = await asyncio.gather(*(admitter.admit(p) for p in proposals))
+    assert [(a.status, a.reason_code) for a in answers] == [
+        ("admitted", None), ("rejected", "budget_exhausted"), ("admitted", None),
+        ("replayed", None), ("conflict", "idempotency_conflict"), ("rejected", "policy_denied")]
+    assert (admitter._group.stats.groups, admitter._group.stats.grouped_units,
+            admitter._group.stats.fallbacks) == (1, 6, 0)
+    admin = await asyncpg.connect(database_url)
+    try:
+        commands = await admin.fetch("SELECT operation_id FROM agent_command WHERE tenant_id = $1",
+                                     TENANT)
+        assert {c["operation_id"] for c in commands} >= {op1, op3}
+        assert op2 not in {c["operation_id"] for c in commands}
+        assert await _budget(admin, str(r)) == (0, 1, ["committed"])  # one, spent
+        assert (await _budget(admin, str(s)))[:2] == (0, 1)
     finally:
         await admin.close()
