@@ -47,8 +47,8 @@ lint: bootstrap ## ruff + mypy (strict)
 	@.venv/bin/ruff check libs services tests
 	@.venv/bin/mypy
 
-chaos: bootstrap ## Kill real services at every fault point N times each (default 20; `make chaos N=200`), plus the long standby, failover and 3-broker cases
-	@AGENTLEDGER_CHAOS_N=$(or $(N),20) AGENTLEDGER_CHAOS_LONG=1 AGENTLEDGER_CHAOS_FULL=1 $(PY) -m pytest tests/chaos -p no:cacheprovider --timeout=7200
+chaos: bootstrap ## Kill real services at every fault point N times each (default 20; `make chaos N=200`) on the shared stack and on 3 brokers + a synchronous standby, plus the long standby, failover and 3-broker cases
+	@AGENTLEDGER_CHAOS_N=$(or $(N),20) AGENTLEDGER_CHAOS_SHAPES=single,production AGENTLEDGER_CHAOS_LONG=1 AGENTLEDGER_CHAOS_FULL=1 $(PY) -m pytest tests/chaos -p no:cacheprovider --timeout=7200
 
 hunt: bootstrap ## The lost-record hunt: restart a private broker under the relay RUNS times (default 500), check every record after each → reports/lost-record/
 	@$(PY) -m tests.lost_record --runs $(or $(RUNS),500)

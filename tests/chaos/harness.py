@@ -36,6 +36,13 @@ KILLS = int(os.environ.get("AGENTLEDGER_CHAOS_N", "20"))
 # timeout, a failover); `make test` runs a representative one of each family (issue 19).
 LONG = os.environ.get("AGENTLEDGER_CHAOS_LONG") == "1"
 long_only = pytest.mark.skipif(not LONG, reason="a long case: runs in `make chaos`")
+# The setups the fault points run on (issue 20): `single`, the shared stack (one broker, one
+# Postgres), and `production`, a private 3-broker cluster (replication 3, min ISR 2) with a
+# ledger whose every commit waits for a synchronous standby. `make test` runs the first,
+# `make chaos` both. SHAPE is the running one's label, appended to each point it reports.
+SHAPES = [s for s in os.environ.get("AGENTLEDGER_CHAOS_SHAPES", "single").split(",") if s]
+SHAPE_LABELS = {"single": "", "production": " [3 brokers, sync standby]"}
+SHAPE = ""
 TERMINAL = {"succeeded", "denied", "expired", "review_required", "failed"}
 
 # Short leases and periods so a killed worker's command is recovered in seconds; static
@@ -283,7 +290,7 @@ def redispatched(p: Pipeline, ops: Iterable[uuid.UUID]) -> int:
 def save(report: PointReport) -> None:
     REPORT.parent.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = json.loads(REPORT.read_text()) if REPORT.exists() else {}
-    data.setdefault("points", {})[report.point] = asdict(report)
+    data.setdefault("points", {})[report.point + SHAPE] = asdict(report)
     data["kills_per_point"] = KILLS
     data["updated_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     REPORT.write_text(json.dumps(data, indent=2) + "\n")

@@ -3,19 +3,62 @@
 Each test arms one point in one service, kills it ``harness.KILLS`` times while traffic flows,
 restarts it clean, lets the system settle within the recovery bound, and checks invariants
 over the ledger and the CRM's effect log. Figures go to reports/chaos.json.
+
+``make chaos`` runs every point twice: on the shared stack, and on production's shape — three
+brokers (every topic replicated 3 times, ``min.insync.replicas=2``, acks=all) and a ledger
+whose commits wait for a synchronous standby (``harness.SHAPES``).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import time
 import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
 
 from tests.chaos import harness
-from tests.e2e.pipeline import Pipeline
+from tests.e2e.pipeline import Pipeline, pipeline
 from tests.helpers import wait_until
 from tests.integration.relay import support as relay_support
+from tests.kafka_cluster import kafka_cluster_running
+from tests.stack import Stack
+from tests.standby import standby_pair_running
+
+SERVICES = ("relay", "admission", "executor-crm", "executor-billing", "reconciler")
+
+
+@pytest.fixture(scope="module", params=harness.SHAPES)
+def chaos(request: pytest.FixtureRequest, stack: Stack, database_url: str,
+          make_database: Callable[[], str],
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    """The pipeline on one of ``harness.SHAPES`` (this module's own ``chaos``)."""
+    shape = request.param
+    assert shape in harness.SHAPE_LABELS, f"unknown chaos shape {shape!r}: one of {list(harness.SHAPE_LABELS)}"
+    logs = tmp_path_factory.mktemp(f"chaos-{shape}")
+    if shape == "single":
+        with pipeline(stack.kafka_bootstrap, database_url, make_database(), logs,
+                      env=harness.CHAOS_ENV) as p:
+            yield p
+        return
+    # Production's shape. The fault points restart services, so the chaos settings keep
+    # static membership (the brokers stay up here: no coordinator goes away). The CRM is a
+    # provider, not our database: it stays on the shared stack.
+    env = {name: {**harness.CHAOS_ENV.get(name, {}), "AGENTLEDGER_KAFKA_REPLICATION_FACTOR": "3"}
+           for name in SERVICES}
+    with kafka_cluster_running() as cluster, standby_pair_running() as pair:
+        with pipeline(cluster.bootstrap, pair.primary_url, make_database(), logs, env=env) as p:
+            harness.SHAPE = harness.SHAPE_LABELS[shape]
+            try:
+                yield p
+            finally:
+                harness.SHAPE = ""
+        # Its readiness probes hold admin clients: destroyed while the brokers still answer.
+        p.ready.clear()
+        gc.collect()
 
 
 def _assert_zeros(report: harness.PointReport) -> None:
