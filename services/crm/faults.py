@@ -96,9 +96,14 @@ class Faults:
         return None
 
 
+def failing(request: Request) -> bool:
+    """Whether a ``fail_before_commit`` rule fired for this request."""
+    return bool(getattr(request.state, _FAIL_FLAG, False))
+
+
 def before_commit(request: Request) -> None:
     """Called by a mutating handler as the last step inside its transaction."""
-    if getattr(request.state, _FAIL_FLAG, False):
+    if failing(request):
         raise errors.FaultInjected()
 
 

@@ -38,7 +38,9 @@ import json
 import logging
 import re
 import secrets
+import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import rfc8785
@@ -63,7 +65,9 @@ FencingTokenHeader = Annotated[str | None, Header(pattern=r"^[0-9]{1,18}$")]
 AuthorizationHeader = Annotated[str | None, Header(max_length=512)]
 
 
-def get_store(request: Request) -> store.Store:
+async def get_store(request: Request) -> store.Store:
+    # async: FastAPI runs a plain ``def`` dependency in a worker thread, a thread hop (and
+    # ~0.1 ms of CPU) on every request for a lookup that never blocks.
     crm_store: store.Store = request.app.state.store
     return crm_store
 
@@ -208,19 +212,17 @@ async def create_note(
     idempotency_key: KeyHeader = None, if_match: IfMatchHeader = None,
     fencing_token: FencingTokenHeader = None, fencing_key: KeyHeader = None,
 ) -> Response:
+    # The hot write: one statement (store.create_note), its response built before it runs.
     expected = _expected_revisions(if_match)
-    async with crm.mutation(
-        tenant_id=principal.tenant_id, key=idempotency_key, method=request.method,
-        path=request.url.path, request_hash=_request_hash(request, expected, note),
-        fence=_fence(fencing_token, fencing_key or idempotency_key),
-    ) as tx:
-        if tx.recorded is not None:
-            return _replay(tx.recorded)
-        _check_revision(await tx.lock_customer(customer_id, shared=True), expected)
-        reply = Reply.of(201, await tx.insert_note(customer_id, note.body))
-        await tx.record(kind="note.created", customer_id=customer_id, status=reply.status,
-                        headers=reply.headers, body=reply.body)
-        faults.before_commit(request)
+    created = models.Note(note_id=uuid.uuid4(), customer_id=customer_id, body=note.body,
+                          created_at=datetime.now(UTC))
+    reply = Reply.of(201, created)
+    recorded = await crm.create_note(principal.tenant_id, store.NoteWrite(
+        created, idempotency_key, _request_hash(request, expected, note), request.method,
+        request.url.path, _fence(fencing_token, fencing_key or idempotency_key), expected,
+        reply.status, reply.headers, reply.body), roll_back=faults.failing(request))
+    if recorded is not None:
+        return _replay(recorded)
     _applied("note.created", principal, customer_id, idempotency_key)
     return reply.response()
 

@@ -119,3 +119,64 @@ SELECT effect_id, tenant_id, kind, customer_id, idempotency_key, request_hash, c
 FROM crm_effect
 WHERE tenant_id = $1
 ORDER BY effect_id;
+
+-- name: create_note --
+-- A note as ONE statement (the hot write; no BEGIN/COMMIT round trips): raise the fence
+-- ($11/$12, if any), find an unexpired earlier use of the key ($6, if any), share-lock the
+-- customer and check its revision against If-Match ($13, if any), and only when all pass
+-- claim the key WITH the response to replay ($14-$16), insert the note and its effect.
+-- The verdict says what happened: stale (a higher fencing token was seen), replay (the key
+-- was used: its record is returned), not_found, stale_revision (412), apply. ``applied``
+-- false under ``apply`` means a concurrent request claimed the key between this statement's
+-- snapshot and its claim: the caller reads the key again. A fence raised by a write that
+-- then fails stays raised: a newer generation was seen, whatever became of its request.
+WITH fence AS (
+  INSERT INTO crm_fence (tenant_id, fencing_key, token)
+  SELECT $1, $11::text, $12::bigint WHERE $11::text IS NOT NULL
+  ON CONFLICT (tenant_id, fencing_key) DO UPDATE
+  SET token = greatest(crm_fence.token, EXCLUDED.token), updated_at = now()
+  RETURNING token
+), prior AS (
+  SELECT idempotency_key, request_hash, method, path, status_code, response_headers,
+         response_body, created_at, expires_at
+  FROM crm_idempotency
+  WHERE tenant_id = $1 AND idempotency_key = $6::text AND expires_at > now()
+), customer AS (
+  SELECT revision FROM crm_customer WHERE tenant_id = $1 AND customer_id = $2 FOR SHARE
+), verdict AS (
+  SELECT CASE
+    WHEN EXISTS (SELECT 1 FROM fence WHERE token > $12::bigint) THEN 'stale'
+    WHEN EXISTS (SELECT 1 FROM prior) THEN 'replay'
+    WHEN NOT EXISTS (SELECT 1 FROM customer) THEN 'not_found'
+    WHEN $13::int[] IS NOT NULL
+         AND NOT EXISTS (SELECT 1 FROM customer WHERE revision = ANY($13::int[]))
+      THEN 'stale_revision'
+    ELSE 'apply' END AS verdict
+), claim AS (
+  INSERT INTO crm_idempotency (tenant_id, idempotency_key, request_hash, method, path,
+                               status_code, response_headers, response_body, expires_at)
+  SELECT $1, $6::text, $7, $8, $9, $16, $14, $15, now() + make_interval(secs => $10)
+  FROM verdict WHERE verdict = 'apply' AND $6::text IS NOT NULL
+  ON CONFLICT (tenant_id, idempotency_key) DO UPDATE
+  SET request_hash = EXCLUDED.request_hash, method = EXCLUDED.method, path = EXCLUDED.path,
+      status_code = EXCLUDED.status_code, response_headers = EXCLUDED.response_headers,
+      response_body = EXCLUDED.response_body, created_at = now(),
+      expires_at = EXCLUDED.expires_at
+  WHERE crm_idempotency.expires_at <= now()
+  RETURNING idempotency_key
+), go AS (
+  SELECT 1 FROM verdict
+  WHERE verdict = 'apply' AND ($6::text IS NULL OR EXISTS (SELECT 1 FROM claim))
+), note AS (
+  INSERT INTO crm_note (note_id, tenant_id, customer_id, body, created_at)
+  SELECT $3, $1, $2, $4, $5 FROM go
+  RETURNING note_id
+), effect AS (
+  INSERT INTO crm_effect (tenant_id, kind, customer_id, idempotency_key, request_hash)
+  SELECT $1, 'note.created', $2, $6::text, $7 FROM go
+)
+SELECT v.verdict, EXISTS (SELECT 1 FROM note) AS applied, (SELECT token FROM fence) AS highest,
+       (SELECT revision FROM customer) AS revision,
+       p.idempotency_key, p.request_hash, p.method, p.path, p.status_code,
+       p.response_headers, p.response_body, p.created_at, p.expires_at
+FROM verdict v LEFT JOIN prior p ON true;

@@ -100,6 +100,22 @@ def _recorded(row: asyncpg.Record) -> Recorded:
     )
 
 
+@dataclass(frozen=True)
+class NoteWrite:
+    """A note request and the response it gets if applied (``Store.create_note``)."""
+
+    note: models.Note
+    key: str | None
+    request_hash: bytes
+    method: str
+    path: str
+    fence: Fence | None
+    expected: frozenset[int] | None  # the revisions If-Match accepts; None: no If-Match
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
 class Mutation:
     """One open transaction of a mutating request; obtained from ``Store.mutation``."""
 
@@ -184,7 +200,7 @@ class Store:
         """Connect, apply ``schema.sql`` (idempotent), and close the pool on exit."""
         with _translated():
             pool = await asyncpg.create_pool(
-                dsn, min_size=1, max_size=max_size, init=_init_connection,
+                dsn, min_size=1, max_size=max_size, init=_init_connection, reset=_keep_session,
                 server_settings={
                     "statement_timeout": STATEMENT_TIMEOUT,
                     "idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_TIMEOUT,
@@ -284,6 +300,60 @@ class Store:
             status = await self._pool.execute(QUERIES["purge_expired_keys"])
         return int(status.split()[-1])
 
+    async def create_note(self, tenant_id: str, write: NoteWrite, *,
+                          roll_back: bool = False) -> Recorded | None:
+        """Apply ``write`` as one statement (queries.sql ``create_note``): None when it was
+        applied (the caller answers ``write``'s response), or the record of an earlier use of
+        its key by the same request (replay it).
+
+        ``roll_back``: the statement runs in a transaction rolled back when it applied
+        (the ``fail_before_commit`` fault), and ``errors.FaultInjected`` is raised.
+
+        Raises:
+            errors.StaleFencingToken, errors.KeyReused, errors.NotFound,
+            errors.PreconditionFailed: as the multi-statement mutations would.
+        """
+        note, fence = write.note, write.fence
+        args = (tenant_id, note.customer_id, note.note_id, note.body, note.created_at,
+                write.key, write.request_hash, write.method, write.path,
+                self._retention_seconds, fence.key if fence else None,
+                fence.token if fence else None,
+                None if write.expected is None else sorted(write.expected),
+                dict(write.headers), write.body, write.status)
+        with _translated():
+            async with self._pool.acquire(timeout=ACQUIRE_TIMEOUT_SECONDS) as conn:
+                if roll_back:
+                    async with conn.transaction():
+                        row = await conn.fetchrow(QUERIES["create_note"], *args)
+                        if row is not None and row["applied"]:
+                            raise errors.FaultInjected()
+                else:
+                    row = await conn.fetchrow(QUERIES["create_note"], *args)
+                assert row is not None, "the statement always returns its verdict"
+                verdict = row["verdict"]
+                if verdict == "apply" and not row["applied"]:
+                    # A concurrent request with this key committed after our snapshot.
+                    again = await conn.fetchrow(QUERIES["get_key"], tenant_id, write.key)
+                    if again is None:
+                        raise errors.StorageError(
+                            "idempotency key vanished during the claim; retry")
+                    row, verdict = again, "replay"
+        if verdict == "apply":
+            return None
+        if verdict == "stale":
+            assert fence is not None
+            raise errors.StaleFencingToken(
+                f"fencing token {fence.token} is below {row['highest']}, already seen for this "
+                "key; nothing was applied")
+        if verdict == "not_found":
+            raise errors.NotFound()
+        if verdict == "stale_revision":
+            raise errors.PreconditionFailed(f"the current revision is {row['revision']}")
+        recorded = _recorded(row)
+        if recorded.request_hash != write.request_hash:
+            raise errors.KeyReused()
+        return recorded
+
     @asynccontextmanager
     async def mutation(self, *, tenant_id: str, key: str | None, request_hash: bytes,
                        method: str, path: str, fence: Fence | None = None
@@ -335,6 +405,14 @@ class Store:
         if recorded.request_hash != request_hash:
             raise errors.KeyReused()
         return recorded
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """The pool's reset: no session state to undo (settings are the connection's startup
+    parameters, locks and everything else transaction-scoped), so no reset round trip per
+    request (asyncpg's default sends one on every release; it still rolls back an open
+    transaction before calling this)."""
+    del conn
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:

@@ -93,6 +93,31 @@ async def test_note_with_a_stale_if_match_is_412_and_writes_nothing(crm: Crm) ->
     assert len(await crm.effects(t.tenant_id)) == 1
 
 
+async def test_a_refused_note_leaves_its_key_unclaimed(crm: Crm) -> None:
+    # A note is one statement (issue 20 §4): its key is claimed only together with the note,
+    # so a note refused (missing customer, stale If-Match) leaves the key free for the
+    # request that can apply — no key bound to a response that was never given.
+    t = await crm.new_tenant()
+    key, missing = _key(), f"c-{uuid.uuid4().hex[:8]}"
+    async with crm.client(t.token) as c:
+        absent = await c.post(f"/v1/customers/{missing}/notes", json=NOTE,
+                              headers={"idempotency-key": key})
+        stale = await c.post(f"/v1/customers/{t.customer_id}/notes", json=NOTE,
+                             headers={"idempotency-key": key, "if-match": '"7"'})
+        lookup = await c.get(f"/v1/operations/{key}")
+        applied = await c.post(f"/v1/customers/{t.customer_id}/notes", json=NOTE,
+                               headers={"idempotency-key": key, "if-match": '"1"'})
+        replayed = await c.post(f"/v1/customers/{t.customer_id}/notes", json=NOTE,
+                                headers={"idempotency-key": key, "if-match": '"1"'})
+
+    assert (absent.status_code, stale.status_code, lookup.status_code) == (404, 412, 404)
+    assert applied.status_code == 201 and "idempotent-replayed" not in applied.headers
+    assert replayed.content == applied.content
+    assert replayed.headers["idempotent-replayed"] == "true"
+    assert [(e["kind"], e["idempotency_key"]) for e in await crm.effects(t.tenant_id)] == [
+        ("note.created", key)]
+
+
 async def test_contact_update_requires_if_match(crm: Crm) -> None:
     t = await crm.new_tenant()
     async with crm.client(t.token) as c:
