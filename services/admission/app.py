@@ -51,7 +51,7 @@ class AdmissionService:
 
         resolver = CrmResolver(cfg.crm_url, cfg.crm_read_tokens)
         pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=cfg.pool_size,
-                                         init=init)
+                                         init=init, reset=repository.keep_session)
         producer = confluent_kafka.Producer(
             batch.producer_config(cfg.kafka_bootstrap, client_id="agentledger-admission"))
         commits = groupcommit.GroupCommit(pool)

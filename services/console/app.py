@@ -15,7 +15,7 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from starlette.exceptions import HTTPException
 
 from agentledger import crypto, errors, web
-from agentledger.ledger import keys
+from agentledger.ledger import keys, repository
 from agentledger.policy import allowlist
 from agentledger.policy import repository as policy_repo
 from agentledger.services.console import answers, api, auth, pages, review
@@ -110,14 +110,14 @@ def create_app(settings: ConsoleSettings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=cfg.pool_size,
-                                         init=init)
+                                         init=init, reset=repository.keep_session)
         client = httpx.AsyncClient(base_url=cfg.crm_url, timeout=cfg.crm_timeout_s)
 
         async def as_auditor(conn: asyncpg.Connection) -> None:
             await conn.execute('SET ROLE "agentledger_auditor"')
         # `explain` reads the audit ledger, which only the auditor role may read.
         audit_pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=2,
-                                               init=as_auditor)
+                                               init=as_auditor, reset=repository.keep_session)
         app.state.audit_pool = audit_pool
         app.state.pool = pool
         app.state.console = review.Console(

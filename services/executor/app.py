@@ -57,7 +57,7 @@ class ExecutorService:
                                 {topic: cfg.partitions, topics.dlq_topic(topic): 1},
                                 replication=cfg.kafka_replication_factor)
         pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=cfg.pool_size,
-                                         init=init)
+                                         init=init, reset=repository.keep_session)
         producer = confluent_kafka.Producer(
             batch.producer_config(cfg.kafka_bootstrap, client_id=client_id))
         commits = groupcommit.GroupCommit(pool)

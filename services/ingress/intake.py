@@ -70,7 +70,8 @@ class ConflictCheck:
     async def start(self) -> None:
         # min_size=0: no connection at start-up, so ingress starts while the ledger is away.
         self.pool = await asyncpg.create_pool(self.database_url, min_size=0, max_size=4,
-                                              command_timeout=self.timeout_s)
+                                              command_timeout=self.timeout_s,
+                                              reset=repository.keep_session)
 
     async def close(self) -> None:
         if self.pool is not None:

@@ -13,6 +13,7 @@ from agentledger import errors, identity
 from agentledger.contracts import topics
 from agentledger.evals import shadow
 from agentledger.kafka import topics as kafka_topics
+from agentledger.ledger import repository
 from agentledger.planning import adapters, budget, proposer, retrieval
 from agentledger.policy import allowlist
 from agentledger.services.planner import handlers
@@ -58,7 +59,7 @@ def create_app(settings: PlannerSettings | None = None) -> FastStream:
         }, replication=cfg.kafka_replication_factor)
         if cfg.database_url:
             pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=4,
-                                             init=as_planner)
+                                             init=as_planner, reset=repository.keep_session)
             pools.append(pool)
             budgeted = dataclasses.replace(
                 planner, tokens=budget.TokenBudget(pool, per_call=cfg.tokens_per_call))

@@ -26,7 +26,8 @@ async def run(cfg: ReconcilerSettings | None = None) -> None:
 
     stop = services.stop_on_signals()
     connectors = crm.registry(cfg.crm_url)
-    pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=4, init=init)
+    pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=4, init=init,
+                                     reset=repository.keep_session)
     worker = reconciler.Reconciler(pool=pool, connectors=connectors,
                                    credentials=base.Credentials("lookup", cfg.lookup_tokens),
                                    worker_id=cfg.worker_id, lease_s=cfg.lease_s,
