@@ -29,6 +29,16 @@ FINISHED_SQL = (
     "SELECT operation_id::text, extract(epoch FROM finished_at) FROM agent_command"
     " WHERE operation_id = ANY(%s::uuid[]) AND state = 'succeeded'"
 )
+# Where the steady phase's latency goes: each stage ends when the transaction recording its
+# milestone began (admission's; the claim's; the pre-call mark's; the finalize's).
+STAGES_SQL = (
+    "SELECT c.operation_id::text, extract(epoch FROM c.created_at),"
+    " extract(epoch FROM c.dispatched_at), extract(epoch FROM a.sent_at),"
+    " extract(epoch FROM c.finished_at)"
+    " FROM agent_command c JOIN command_attempt a USING (tenant_id, operation_id)"
+    " WHERE c.operation_id = ANY(%s::uuid[]) AND c.state = 'succeeded' AND a.result = 'succeeded'"
+)
+STAGES = ("to_admission", "admission_to_claim", "claim_to_call", "call_to_finalize")
 
 
 def group_members(bootstrap: str, group: str) -> int:
@@ -67,7 +77,8 @@ def run(bootstrap: str, ledger_url: str, crm_url: str, logs: Path, *, burst_size
             crm_pid = procstats.child_pid("agentledger.services.crm")
             ours = procstats.Group(pids)
             target = workload.Target(bootstrap, p.topic("agent.proposals.v1"), p.tenant,
-                                     p.customer, ledger_url, FINISHED_SQL)
+                                     p.customer, ledger_url, FINISHED_SQL,
+                                     stages_sql=STAGES_SQL, stage_names=STAGES)
             crm_cpu = procstats.Group({"crm": crm_pid} if crm_pid else {})
             before = crm_cpu.cpu()
             executor_pid = pids["executor-crm"]

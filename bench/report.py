@@ -145,6 +145,13 @@ def markdown(result: dict[str, Any]) -> str:
         lines += [f"| {p['share']} | {_cell(p['offered_per_s'])} | "
                   f"{_cell(p['completed_per_s'])} | {p['completed']}/{p['offered']} | "
                   f"{_cell(p['ms_p50'])} | {_cell(p['ms_p99'])} |" for p in curve]
+    stages = _get(result.get("details", {}).get("e2e"), "steady", "stages_ms")
+    if stages:
+        lines += ["", "Where the steady phase's latency goes (each stage ends when the transaction "
+                  "recording its milestone began; database clock):", "",
+                  "| stage | p50 ms | p99 ms |", "| --- | ---: | ---: |"]
+        lines += [f"| {name} | {_cell(v['p50'])} | {_cell(v['p99'])} |"
+                  for name, v in stages.items()]
     if f.get("peer_error"):
         lines += ["", f"Peer not measured: `{f['peer_error']}`"]
     errors = {k: v for k, v in result.get("errors", {}).items() if v}

@@ -62,6 +62,11 @@ class Target:
     database_url: str
     # SELECT operation_id::text, epoch of completion FROM ... WHERE operation_id = ANY(%s::uuid[])
     finished_sql: str
+    # Optional: SELECT operation_id::text, then one epoch per milestone, in order (names in
+    # ``stage_names``, the milestone each stage ends at); the steady phase reports where its
+    # latency goes, stage by stage.
+    stages_sql: str | None = None
+    stage_names: tuple[str, ...] = ()
     _producer: Producer | None = field(default=None, init=False, repr=False)
 
     def producer(self) -> Producer:
@@ -165,12 +170,40 @@ def steady(target: Target, rate: float, seconds: float, timeout: float) -> dict[
     started = produce(target, max(10, round(rate * seconds)), rate=rate)
     done = wait_finished(target, list(started), timeout)
     latencies = stats.latencies_ms(started, done)
-    return {
+    out: dict[str, Any] = {
         "rate_offered_per_s": round(rate, 1), "offered": len(started), "completed": len(done),
         "ms_p50": stats.rounded(stats.percentile(latencies, 0.50)),
         "ms_p99": stats.rounded(stats.percentile(latencies, 0.99)),
         "ms_max": stats.rounded(max(latencies) if latencies else None),
     }
+    if target.stages_sql:
+        out["stages_ms"] = stages(target, started)
+    return out
+
+
+def stages(target: Target, started: dict[str, float]) -> dict[str, dict[str, float | None]]:
+    """p50/p99 of each stage: from produce (or the previous milestone) to each milestone.
+
+    Milestones come from the database clock; a transaction's ``now()`` is its start, so a
+    stage ends when the transaction that records it began (its statements and COMMIT fall in
+    the next stage)."""
+    conn = psycopg2.connect(target.database_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(target.stages_sql, (list(started),))
+            rows = cur.fetchall()
+    finally:
+        conn.close()
+    spans: dict[str, list[float]] = {name: [] for name in target.stage_names}
+    for op, *marks in rows:
+        previous = started.get(op)
+        if previous is None or any(m is None for m in marks):
+            continue
+        for name, mark in zip(target.stage_names, marks, strict=True):
+            spans[name].append((float(mark) - previous) * 1000.0)
+            previous = float(mark)
+    return {name: {"p50": stats.rounded(stats.percentile(v, 0.50)),
+                   "p99": stats.rounded(stats.percentile(v, 0.99))} for name, v in spans.items()}
 
 
 def load_curve(target: Target, throughput: float, seconds: float, timeout: float,
