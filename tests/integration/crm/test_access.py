@@ -13,6 +13,7 @@ import asyncpg
 
 from tests.integration.crm.conftest import Crm
 
+JSON = "application/json"
 NOTE = {"body": "call back on Monday"}
 
 
@@ -99,13 +100,21 @@ async def test_invalid_requests_get_clear_4xx_errors(crm: Crm) -> None:
         too_long = await c.post(notes, json={"body": "x" * 4001})
         bad_key = await c.post(notes, json=NOTE, headers={"idempotency-key": "has space"})
         star = await c.post(notes, json=NOTE, headers={"if-match": "*"})
+        # The hot routes parse by hand (issue 20 §4): the same answers as declared parameters.
+        not_json = await c.post(notes, content=b'{"body": ', headers={"content-type": JSON})
+        bad_fence = await c.post(notes, json=NOTE, headers={"fencing-token": "-1",
+                                                            "fencing-key": "k"})
+        long_match = await c.post(notes, json=NOTE, headers={"if-match": '"1",' * 200})
+        bad_id = await c.post("/v1/customers/has%20space/notes", json=NOTE)
+        bad_read = await c.get("/v1/customers/has%20space")
         empty_patch = await c.patch(f"/v1/customers/{t.customer_id}/contact", json={},
                                     headers={"if-match": '"1"'})
         string_amount = await c.post("/v1/refunds", json={
             "customer_id": t.customer_id, "invoice_id": "inv-1", "amount_cents": "10", "currency": "EUR",
             "reason": "x"})
 
-    for r in (extra, too_long, bad_key, empty_patch, string_amount):
+    for r in (extra, too_long, bad_key, empty_patch, string_amount, not_json, bad_fence,
+              long_match, bad_id, bad_read):
         assert r.status_code == 422, r.text
         assert r.json()["error"]["code"] == "invalid_request"
         assert "x" * 100 not in r.text  # the input is not echoed
