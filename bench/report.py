@@ -46,6 +46,8 @@ ROWS: list[tuple[str, str, str]] = [
     ("peer_kafka_cpu_s_per_1000", "CPU s", "the same for the peer"),
     ("http_httpx_cpu_ms", "CPU ms", "httpx: client CPU per keep-alive GET, 32 in flight"),
     ("http_aiohttp_cpu_ms", "CPU ms", "aiohttp (connectors, resolvers): the same"),
+    ("crm_note_cpu_ms", "CPU ms", "CRM stand-in CPU per note (keyed, fenced), 16 in flight"),
+    ("crm_read_cpu_ms", "CPU ms", "CRM stand-in CPU per revision read (2 ids), 16 in flight"),
 ]
 
 
@@ -95,6 +97,8 @@ def figures(details: dict[str, Any]) -> dict[str, Any]:
                                   "httpx"),
         "http_aiohttp_cpu_ms": _get(details.get("http_clients"),
                                     "http_client_cpu_ms_per_request", "aiohttp"),
+        "crm_note_cpu_ms": _get(details.get("crm"), "note", "cpu_ms_per_request"),
+        "crm_read_cpu_ms": _get(details.get("crm"), "read", "cpu_ms_per_request"),
     }
     f["admission_ratio"] = stats.ratio(f["admission_tps"], f["pg_limit_tps"])
     f["admission_ratio_full"] = stats.ratio(f["admission_tps"], f["pg_limit_full_tps"])
