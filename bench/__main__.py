@@ -77,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="py-spy the admission service and an executor during their bursts")
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--only", default="",
-                        help="comma-separated phases to run (http_clients, crm, pg_limit, admission, "
-                             "admission_service, relay_lag, e2e, peer); default: all")
+                        help="comma-separated phases to run (http_clients, crm, pg_limit, "
+                             "admission, admission_service, relay_lag, e2e, peer); "
+                             "default: all")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     _ONLY.update(filter(None, args.only.split(",")))
@@ -102,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     boot = common.kafka_bootstrap
     _phase("http_clients", details, errors, http_clients.run)
     with databases.Databases(common.database_url, tag) as dbs:
-        _phase("crm", details, errors, lambda: crm.run(dbs.fresh("crm"), 1000 if args.quick else 3000))
+        _phase("crm", details, errors,
+               lambda: crm.run(dbs.fresh("crm"), 1000 if args.quick else 3000))
         _phase("pg_limit", details, errors, lambda: pg_limit.run(dbs.fresh("pg"), seconds))
         _phase("admission", details, errors,
                lambda: admission.library(dbs.fresh("adm"), seconds))
