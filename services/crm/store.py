@@ -3,7 +3,9 @@
 Driver failures leave this module as ``errors.StorageError``. A mutation runs inside
 ``Store.mutation``: one transaction that checks the fencing token (if any), claims the
 idempotency key (if any), applies the change, appends the effect and records the response,
-so none exists without the others.
+so none exists without the others. A note — the write every dispatched command makes — does
+all of that in ONE statement (``Store.create_note``, queries.sql ``create_note``): no
+BEGIN/COMMIT round trips, its key claimed only together with the note it answers for.
 """
 
 from __future__ import annotations
