@@ -260,6 +260,8 @@ class BatchConsumer(Generic[T]):
         Raises:
             AnswersUndelivered: a record was not delivered (retryable: the batch is redelivered).
         """
+        if not outputs:
+            return  # nothing to wait for (an executor's batch answers nothing): no thread hop
         failed: list[str] = []
 
         def report(err: Any, _msg: Any) -> None:
