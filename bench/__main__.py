@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--only", default="",
                         help="comma-separated phases to run (http_clients, crm, pg_limit, "
-                             "admission, admission_service, relay_lag, e2e, peer); "
+                             "admission, admission_service, relay_lag, relay_lag_1000, e2e, peer); "
                              "default: all")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             profile_to=profiles / "admission.raw" if profiles else None))
         _phase("relay_lag", details, errors, lambda: relay_lag.run(
             seconds=steady_s, rate=200.0, database_url=dbs.fresh("relay")))
+        _phase("relay_lag_1000", details, errors, lambda: relay_lag.run(
+            seconds=steady_s / 2, rate=1000.0, database_url=dbs.fresh("relay_fast")))
         _phase("e2e", details, errors, lambda: e2e.run(
             boot, dbs.fresh("e2e"), dbs.fresh("e2e_crm"), logs, burst_size=burst,
             steady_s=steady_s, timeout=timeout, curve_s=curve_s,

@@ -17,7 +17,8 @@ import json
 import os
 import time
 import uuid
-from contextlib import nullcontext
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from tests.integration.relay import support as relay_support
 
 from agentledger import admission, crypto
 from agentledger.contracts.proposals import ProposalV1
-from agentledger.ledger import keys
+from agentledger.ledger import keys, repository
 from agentledger.policy import allowlist
 from agentledger.policy import repository as policy_repo
 from agentledger.resources import MappingResolver
@@ -41,12 +42,17 @@ TENANTS = 16
 CUSTOMER = "c-bench"
 
 
-def _proposal(tenant: uuid.UUID) -> ProposalV1:
+def proposal(tenant: uuid.UUID) -> ProposalV1:
     """Parsed from the wire form, as the service's handler does."""
     return ProposalV1.model_validate_json(workload.proposal(str(tenant), CUSTOMER, uuid.uuid4()))
 
 
-async def _library(url: str, concurrency: int, seconds: float) -> dict[str, Any]:
+@asynccontextmanager
+async def admitter(url: str, pool_size: int) -> AsyncIterator[tuple[admission.Admitter,
+                                                                     list[uuid.UUID]]]:
+    """An ``Admitter`` as the service builds it (acting as ``agentledger_admission``, the
+    pool without a reset round trip), over ``TENANTS`` warmed tenants with their principals;
+    the target resolved from memory. Yields it and the tenants."""
     async def as_admission(conn: asyncpg.Connection) -> None:
         await conn.execute('SET ROLE "agentledger_admission"')
 
@@ -55,8 +61,8 @@ async def _library(url: str, concurrency: int, seconds: float) -> dict[str, Any]
         await identities.put_principals(url, t, identities.DEFAULT_PRINCIPALS)
     rules = allowlist.Allowlist.load()
     master = crypto.MasterKey.from_b64(base64.b64encode(os.urandom(32)).decode())
-    pool = await asyncpg.create_pool(url, min_size=concurrency, max_size=concurrency,
-                                     init=as_admission)
+    pool = await asyncpg.create_pool(url, min_size=pool_size, max_size=pool_size,
+                                     init=as_admission, reset=repository.keep_session)
     try:
         admitter = admission.Admitter(
             pool=pool, allowlist=rules,
@@ -66,14 +72,21 @@ async def _library(url: str, concurrency: int, seconds: float) -> dict[str, Any]
             envelope_keys=identities.KEYSET,
         )
         for t in tenants:  # first use creates each tenant's data key: not steady state
-            await admitter.admit(_proposal(t))
+            await admitter.admit(proposal(t))
+        yield admitter, tenants
+    finally:
+        await pool.close()
+
+
+async def _library(url: str, concurrency: int, seconds: float) -> dict[str, Any]:
+    async with admitter(url, concurrency) as (admit, tenants):
         counts: dict[str, int] = {}
         deadline = time.monotonic() + seconds
 
         async def worker(i: int) -> None:
             n = i
             while time.monotonic() < deadline:
-                result = await admitter.admit(_proposal(tenants[n % TENANTS]))
+                result = await admit.admit(proposal(tenants[n % TENANTS]))
                 counts[result.status] = counts.get(result.status, 0) + 1
                 n += 1
 
@@ -81,8 +94,6 @@ async def _library(url: str, concurrency: int, seconds: float) -> dict[str, Any]
         await asyncio.gather(*(worker(i) for i in range(concurrency)))
         elapsed = time.monotonic() - t0
         cpu = (procstats.cpu_seconds(os.getpid()) or 0.0) - cpu0
-    finally:
-        await pool.close()
     admitted = counts.get("admitted", 0)
     return {"concurrency": concurrency, "admitted": admitted, "statuses": counts,
             "tps": round(admitted / elapsed, 1),

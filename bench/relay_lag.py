@@ -3,8 +3,11 @@
     . .local/env && .venv/bin/python -m bench.relay_lag --seconds 20 --rate 200
 
 Creates a scratch database (migrated) on the server of AGENTLEDGER_DATABASE_URL, runs the
-relay in a child process (its own interpreter, as in production), admits one command per
-transaction at a steady rate for N seconds, waits for the outbox to drain, and prints JSON.
+relay in a child process (its own interpreter, as in production), admits commands through
+the product's own ``Admitter.admit`` (policy, encryption, ledger + outbox + audit events, as
+the admission service does) at a steady offered rate for N seconds — each admission started
+on schedule, up to ``IN_FLIGHT`` at once, so a slow one does not lower the rate — waits for
+the outbox to drain, and prints JSON.
 Lag is the relay's own measurement (the ``agentledger.relay.lag`` histogram's input: the
 commit timestamp from the pgoutput Begin message to the delivery report), collected raw so
 percentiles are exact. Everything it creates (database, slot, topics) is removed.
@@ -31,7 +34,7 @@ from tests.integration.relay import support
 
 from agentledger import migrations, settings
 from agentledger.relay import options, stream
-from bench import procstats, stats
+from bench import admission, procstats, stats
 
 
 def _relay_child(opts: options.RelayOptions, stop: Any, ready: Any, out: Any) -> None:
@@ -75,6 +78,39 @@ def _admin(url: str, sql: str) -> None:
         conn.close()
 
 
+# Admissions in flight at most: enough for 1,000/s with ~30 ms per admission on a busy box.
+IN_FLIGHT = 64
+
+
+async def _admit_steadily(url: str, rate: float, seconds: float) -> tuple[int, float]:
+    """Admissions started at ``rate`` per second for ``seconds``; (admitted, elapsed s)."""
+    async with admission.admitter(url, pool_size=16) as (admitter, tenants):
+        slots = asyncio.Semaphore(IN_FLIGHT)
+        admitted = 0
+
+        async def one(n: int) -> None:
+            nonlocal admitted
+            try:
+                result = await admitter.admit(admission.proposal(tenants[n % len(tenants)]))
+            finally:
+                slots.release()
+            if result.status == "admitted":
+                admitted += 1
+
+        tasks = []
+        start = time.monotonic()
+        n = 0
+        while time.monotonic() - start < seconds:
+            pause = start + n / rate - time.monotonic()
+            if pause > 0:
+                await asyncio.sleep(pause)  # pacing the offered rate, not waiting for a state
+            await slots.acquire()
+            tasks.append(asyncio.create_task(one(n)))
+            n += 1
+        await asyncio.gather(*tasks)
+        return admitted, time.monotonic() - start
+
+
 def run(*, seconds: float, rate: float, database_url: str | None = None) -> dict[str, Any]:
     """Measure relay lag; returns the figures as a dict.
 
@@ -108,22 +144,7 @@ def run(*, seconds: float, rate: float, database_url: str | None = None) -> dict
         child.start()
         if not ready.wait(60):
             raise SystemExit("relay did not start streaming within 60 s")
-        conn = psycopg2.connect(url)
-        tenants = [uuid.uuid4() for _ in range(16)]
-        interval = 1.0 / rate
-        start = time.monotonic()
-        next_at = start
-        while time.monotonic() - start < seconds:
-            with conn, conn.cursor() as cur:
-                command = support.new_command(tenants[rows % 16], support.CONNECTORS[rows % 3])
-                support.admit(cur, command)
-            rows += 1
-            next_at += interval
-            pause = next_at - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)  # pacing the steady rate, not waiting for a condition
-        elapsed = time.monotonic() - start
-        conn.close()
+        rows, elapsed = asyncio.run(_admit_steadily(url, rate, seconds))
         deadline = time.monotonic() + 60
         while support.outbox_count(url) and time.monotonic() < deadline:
             time.sleep(0.1)
