@@ -39,7 +39,13 @@ def login_name(service: str) -> str:
 
 
 def _password(owner_url: str, login: str) -> str:
-    return hashlib.sha256(f"agentledger-local-login\x1f{owner_url}\x1f{login}".encode()).hexdigest()
+    # From the cluster's address and owner credentials only, never the database: roles are
+    # cluster-wide, and sessions on one cluster use different databases (every test pipeline
+    # its own). Derived from the whole URL, each session's ``ensure`` changed the password
+    # under the services of every other session on the cluster, which then failed to log in.
+    parts = urlsplit(owner_url)
+    cluster = urlunsplit((parts.scheme, parts.netloc, "", "", ""))
+    return hashlib.sha256(f"agentledger-local-login\x1f{cluster}\x1f{login}".encode()).hexdigest()
 
 
 def url_for(owner_url: str, service: str) -> str:
