@@ -69,8 +69,7 @@ AuthorizationHeader = Annotated[str | None, Header(max_length=512)]
 async def get_store(request: Request) -> store.Store:
     # async: FastAPI runs a plain ``def`` dependency in a worker thread, a thread hop (and
     # ~0.1 ms of CPU) on every request for a lookup that never blocks.
-    crm_store: store.Store = request.app.state.store
-    return crm_store
+    return _store(request)
 
 
 StoreDep = Annotated[store.Store, Depends(get_store)]
@@ -158,10 +157,13 @@ async def _body(request: Request, model: type[Body]) -> Body:
 
 
 def _hand_parsed(body: type[BaseModel] | None, *headers: str) -> dict[str, Any]:
-    """The OpenAPI of a route that parses by hand: what the declared parameters showed."""
+    """The OpenAPI of a route that parses by hand (its path has ``{customer_id}``): what the
+    declared parameters showed."""
     extra: dict[str, Any] = {"parameters": [
-        {"name": h, "in": "header", "required": False, "schema": {"type": "string"}}
-        for h in headers]}
+        {"name": "customer_id", "in": "path", "required": True,
+         "schema": {"type": "string", "pattern": _ID.pattern}},
+        *({"name": h, "in": "header", "required": False, "schema": {"type": "string"}}
+          for h in headers)]}
     if body is not None:
         extra["requestBody"] = {"required": True, "content": {
             JSON: {"schema": body.model_json_schema()}}}
@@ -278,7 +280,8 @@ async def customer_revisions(request: Request) -> Response:
     return Reply.of(200, models.Revisions(revisions=found)).response()
 
 
-@api.get("/v1/customers/{customer_id}", response_model=models.Customer)
+@api.get("/v1/customers/{customer_id}", response_model=models.Customer,
+         openapi_extra=_hand_parsed(None))
 async def get_customer(request: Request) -> Response:
     crm = _store(request)
     principal = await _caller(crm, request, models.Scope.READ)
