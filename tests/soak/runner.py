@@ -171,5 +171,18 @@ def run(minutes: float, seed: int, out: Path) -> int:
                      load_intact=not traffic.errors,
                      seconds=time.monotonic() - started, logs={
                          n: svc.tail(20) for n, svc in p.services.items()})
+        if not data["ok"]:
+            keep_evidence(out / "soak" / "evidence", logs, s.cluster.base)
     return 0 if data["ok"] else 1
 
+
+
+def keep_evidence(dest: Path, logs: Path, kafka_base: Path) -> None:
+    """A failed run's evidence, kept before the private stack is removed: every service's log
+    (the relay's with its acknowledgement trace: event id, partition and offset of each record
+    Kafka acknowledged) and the brokers' logs and data, for ``kafka-dump-log`` to say what a
+    partition held at the offset a record was acknowledged at."""
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(logs, dest / "services", dirs_exist_ok=True)
+    shutil.copytree(kafka_base, dest / "kafka", symlinks=True, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("libs"))

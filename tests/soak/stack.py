@@ -39,9 +39,13 @@ def service_env() -> dict[str, dict[str, str]]:
     longer than its session timeout is fenced by its own rejoin, fatal in librdkafka (#3437),
     and the soak restarts brokers. The short session timeout stays: a SIGKILLed dynamic
     member holds its partitions until it expires."""
-    return {name: {**{k: v for k, v in harness.CHAOS_ENV.get(name, {}).items()
-                      if not k.endswith("_GROUP_INSTANCE_ID")},
-                   "AGENTLEDGER_KAFKA_REPLICATION_FACTOR": str(REPLICAS)} for name in SERVICES}
+    env = {name: {**{k: v for k, v in harness.CHAOS_ENV.get(name, {}).items()
+                     if not k.endswith("_GROUP_INSTANCE_ID")},
+                  "AGENTLEDGER_KAFKA_REPLICATION_FACTOR": str(REPLICAS)} for name in SERVICES}
+    # Where each record was acknowledged (event id, partition, offset): a record the checker
+    # finds missing from its topic is then looked up at that exact offset.
+    env["relay"]["AGENTLEDGER_RELAY_TRACE_ACKS"] = "true"
+    return env
 
 
 @dataclass(frozen=True)
