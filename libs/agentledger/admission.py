@@ -7,6 +7,9 @@ target must resolve inside the tenant at the expected revision (R1.4); the curre
 decides allow / require approval / deny, and the decision is persisted (R2.9). Then the
 request hash is computed over the validated fields (R2.2), the payload is encrypted (R3.6),
 and the command is admitted once (R4) — or persisted as a pending approval request (R2.8).
+A target check that fails for an operation id the ledger already holds is answered from the
+ledger (``replayed`` or ``conflict``): a redelivered proposal whose own command moved the
+revision did run, and must not be told it was stale.
 """
 
 from __future__ import annotations
@@ -133,6 +136,13 @@ class Admitter:
         try:
             checked = await self._check(proposal, workflow_id)
         except (errors.ValidationFailed, errors.ShadowRefused) as exc:
+            if isinstance(exc, errors.StaleRevision | errors.ResourceNotFound):
+                # The target check failed — perhaps because this proposal's own command
+                # already ran (it moved the revision, or removed the target) and this is a
+                # redelivery. Asked only here, off the hot path: the ledger answers first.
+                known = await self._answer_from_ledger(proposal, base)
+                if known is not None:
+                    return known
             # The identity is verified: the attempt is audited in its tenant (R1.5, R8.4) —
             # nothing else is written.
             await self._audit_rejection(proposal, exc)
@@ -298,6 +308,40 @@ class Admitter:
             raise errors.IdentityRejected(
                 "the proposal is not the one planned from its envelope's request")
         return str(found.request_id)
+
+    async def _answer_from_ledger(
+        self, proposal: ProposalV1, base: dict[str, Any]
+    ) -> AdmissionResultV1 | None:
+        """The answer for a proposal whose operation id already holds a command, or None.
+
+        A redelivered proposal (its first delivery's batch failed on the database after the
+        command was admitted, or approved later) finds the target moved by its own command:
+        it is the ``replayed`` answer with the recorded state and outcome — or a
+        ``conflict`` when the content differs — audited as the normal path audits them, not
+        a ``stale_revision`` rejection that would tell the agent its command did not run.
+        """
+        spec = self.allowlist.get(proposal.action)
+        request_hash = canonical.request_hash(
+            tenant_id=proposal.tenant_id, principal_id=proposal.principal_id,
+            action=spec.name, target=proposal.target,
+            arguments=spec.validate(proposal.arguments),
+            expected_revision=proposal.expected_revision)
+        async with self.pool.acquire() as conn, \
+                repository.transaction(conn, proposal.tenant_id) as tx:
+            found = await repository.replay_in(
+                tx, tenant_id=proposal.tenant_id, operation_id=proposal.operation_id,
+                principal_id=proposal.principal_id, request_hash=request_hash,
+                audit={**_proposal_audit(proposal, spec),
+                       "answered_from": "ledger, before the target check"})
+        if found is None:
+            return None
+        if found.status == "conflict":
+            return AdmissionResultV1.refused(errors.IdempotencyConflict(
+                "operation id already bound to a different request; nothing was changed",
+            ), decided_at=_now(), **base)
+        return AdmissionResultV1(
+            **base, status="replayed", state=found.recorded.state,
+            outcome=recorded_outcome(found.recorded, proposal), decided_at=_now())
 
     async def _audit_rejection(
         self, proposal: ProposalV1, error: errors.AgentLedgerError

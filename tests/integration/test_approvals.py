@@ -239,6 +239,49 @@ async def test_a_changed_target_revision_supersedes_the_request(world: World) ->
     assert await world.command(tenant, pending.operation_id) is None
 
 
+async def test_a_redelivered_proposal_whose_own_command_moved_the_revision_is_a_replay(
+    world: World,
+) -> None:
+    """Found by the soak: a proposal's first delivery failed on the database after its
+    request was recorded; it was approved, admitted and ran (moving the contact's revision);
+    the redelivered copy then failed the revision check and was answered ``rejected:
+    stale_revision`` — telling the agent its command did not run. It is a replay."""
+    tenant = await world.tenant()
+    op = uuid.uuid4()
+    change = {"changes": {"email": "moved@example.com"}}
+    pending = await world.pending(tenant, CONTACT, change, op=op, revision="1")
+    _, admitted = await world.decide(tenant, pending, "user:bob", current_revision="1",
+                                     requires_revision=True)
+    assert admitted.status == "admitted"
+    world.directory[(tenant, "crm", CUSTOMER)] = "2"  # what the command's update does
+
+    again = await world.propose(tenant, CONTACT, change, op=op, revision="1")
+    assert (again.status, again.state, again.reason_code) == ("replayed", "pending", None)
+    assert (await world.command(tenant, op))["state"] == "pending"
+    events = await world.events(op)
+    assert "proposal.rejected" not in events and events.count("command.replayed") == 1
+    async with world.owner.acquire() as conn:
+        audited = json.loads(await conn.fetchval(
+            "SELECT payload FROM audit_event WHERE operation_id = $1 AND type = "
+            "'command.replayed'", op))
+    assert audited["submitted_hash"] == audited["recorded_hash"]
+    assert audited["answered_from"] == "ledger, before the target check"
+
+    # Other content under the same operation id: the conflict it is, nothing changed.
+    other = await world.propose(tenant, CONTACT, {"changes": {"email": "x@example.com"}},
+                                op=op, revision="1")
+    assert (other.status, other.reason_code) == ("conflict", "idempotency_conflict")
+    assert (await world.events(op)).count("command.conflict") == 1
+    assert (await world.command(tenant, op))["state"] == "pending"
+
+    # An operation id the ledger does not hold is still refused as stale, and audited so.
+    fresh = uuid.uuid4()
+    stale = await world.propose(tenant, CONTACT, change, op=fresh, revision="1")
+    assert (stale.status, stale.reason_code) == ("rejected", "stale_revision")
+    assert await world.events(fresh) == ["proposal.rejected"]
+    assert await world.command(tenant, fresh) is None
+
+
 async def test_the_unchanged_revision_is_approved(world: World) -> None:
     tenant = await world.tenant()
     pending = await world.pending(tenant, CONTACT, {"changes": {"phone": "+41 44 000 00 00"}},

@@ -393,6 +393,35 @@ async def recorded(conn: Conn, tenant_id: UUID, operation_id: UUID) -> Recorded:
     return Recorded.from_row(row)
 
 
+async def replay_in(
+    tx: Conn, *, tenant_id: UUID, operation_id: UUID, principal_id: str, request_hash: bytes,
+    audit: Mapping[str, Any] | None = None,
+) -> AdmitResult | None:
+    """A proposal answered from the ledger alone, inside the caller's tenant-bound transaction.
+
+    ``None`` when ``operation_id`` holds no command (nothing is written). Otherwise the same
+    outcome :func:`admit_in` gives a second admission — ``replayed`` when the hashes match,
+    ``conflict`` when they differ — with the same audit event, and nothing else changed.
+    """
+    row = await tx.fetchrow(Q["recorded_command"], tenant_id, operation_id)
+    if row is None:
+        return None
+    recorded = Recorded.from_row(row)
+    status: AdmitStatus = (
+        "replayed" if hmac.compare_digest(recorded.request_hash, request_hash) else "conflict")
+    await append_event(
+        tx, tenant_id=tenant_id, operation_id=operation_id, family="audit",
+        type=f"command.{status}",
+        payload={
+            "operation_id": str(operation_id), "principal_id": principal_id,
+            "action": recorded.action, "connector": recorded.connector,
+            "submitted_hash": request_hash.hex(), "recorded_hash": recorded.request_hash.hex(),
+            "state": recorded.state, **(audit or {}),
+        },
+    )
+    return AdmitResult(status, recorded)
+
+
 async def is_recorded(tx: Conn, tenant_id: UUID, operation_id: UUID) -> bool:
     """Whether the ledger holds a command for this key, inside the caller's tenant-bound
     transaction."""
