@@ -351,7 +351,8 @@ class Admitter:
             await repository.append_event(
                 tx, tenant_id=proposal.tenant_id, operation_id=proposal.operation_id,
                 family="audit", type="proposal.rejected",
-                payload={"proposal_id": str(proposal.proposal_id),
+                payload={"operation_id": str(proposal.operation_id),
+                         "proposal_id": str(proposal.proposal_id),
                          "principal_id": proposal.principal_id, "action": proposal.action,
                          "target": proposal.target, "code": error.code,
                          "planner": proposal.planner.name, "model": proposal.planner.model})

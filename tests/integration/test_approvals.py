@@ -279,6 +279,10 @@ async def test_a_redelivered_proposal_whose_own_command_moved_the_revision_is_a_
     stale = await world.propose(tenant, CONTACT, change, op=fresh, revision="1")
     assert (stale.status, stale.reason_code) == ("rejected", "stale_revision")
     assert await world.events(fresh) == ["proposal.rejected"]
+    async with world.owner.acquire() as conn:  # its record names its operation on the topic
+        rejected = json.loads(await conn.fetchval(
+            "SELECT payload FROM event_outbox WHERE operation_id = $1", fresh))
+    assert rejected["operation_id"] == str(fresh) and rejected["code"] == "stale_revision"
     assert await world.command(tenant, fresh) is None
 
 

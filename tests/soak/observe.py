@@ -190,9 +190,9 @@ def snapshot(p: Pipeline, acked: set[str]) -> checker.Snapshot:
     topic_audit: dict[str, set[str]] = defaultdict(set)
     for m in kafka_read.read_to_end(p.bootstrap, [p.topic("audit.events.v1")]):
         headers = _headers(m)
-        op = json.loads(m.value() or b"{}").get("operation_id")
-        if op and "id" in headers:
-            topic_audit[op].add(headers["id"])
+        if "id" in headers:  # keyed by the operation the record names ("" when none)
+            topic_audit[json.loads(m.value() or b"{}").get("operation_id") or ""].add(
+                headers["id"])
     found = commands(p)
     return checker.Snapshot(
         commands=found, contracts=contracts(p), effects=effects, stray_effects=tuple(stray),

@@ -180,6 +180,16 @@ def test_an_audit_event_that_never_reached_the_topic() -> None:
     assert "never reached the audit topic" in only(history, snap, "audited")[0]
 
 
+def test_an_audit_record_that_names_no_operation_reached_the_topic_but_is_flagged() -> None:
+    # The soak's false alarm: a redelivered proposal's `proposal.rejected` event reached the
+    # topic, but its record named no operation, and was counted as never published.
+    history, snap = clean()
+    kept = frozenset(snap.topic_audit["n1"] - {"n1-e0"})
+    snap = replace(snap, topic_audit={**snap.topic_audit, "n1": kept, "": frozenset({"n1-e0"})})
+    found = only(history, snap, "audited")
+    assert len(found) == 1 and "do not name their operation" in found[0]
+
+
 @pytest.mark.parametrize("said", [Explained("pending", None, frozenset()),
                                   Explained("succeeded", "crm:note:other", frozenset()),
                                   Explained("succeeded", "crm:note:1", frozenset({"n1-e0"}))])

@@ -300,7 +300,13 @@ async def append_event(
     traceparent: str | None = None,
     tracestate: str | None = None,
 ) -> None:
-    """Write an audit or outcome event into the outbox, inside the caller's transaction."""
+    """Write an audit or outcome event into the outbox, inside the caller's transaction.
+
+    An event of an operation names it in its payload (what the topic's record carries):
+    analytics on the audit topic tie every event to its operation without the ledger.
+    """
+    if operation_id is not None and "operation_id" not in payload:
+        payload = {"operation_id": str(operation_id), **payload}
     await conn.execute(
         Q["append_event"], tenant_id, operation_id, family, type, event_json(payload),
         traceparent, tracestate,
