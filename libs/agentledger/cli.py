@@ -17,6 +17,7 @@ from rich.markup import escape
 
 from agentledger import (
     cli_approvals,
+    cli_config,
     cli_eval,
     cli_principals,
     errors,
@@ -99,6 +100,7 @@ def demo(
              browser_hints=browser_hints, console=console)
 
 
+app.command("check-config")(cli_config.check_config)
 app.add_typer(cli_approvals.app, name="approvals")
 app.add_typer(cli_principals.app, name="principals")
 app.command("eval")(cli_eval.eval_command)

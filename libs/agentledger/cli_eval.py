@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentledger import errors, settings
-from agentledger.connectors import crm as crm_connectors
+from agentledger.connectors import plugins
 from agentledger.evals import dataset, runner, scoring
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import cedar
@@ -74,7 +74,7 @@ def eval_command(
         console.print("A candidate is judged against the allowlist and policy the eval set pins; "
                       "changing them is never an eval outcome (R9.3).", highlight=False)
         raise typer.Exit(EXIT_WIDENING)
-    real = crm_connectors.registry(connectors_url)
+    real = plugins.load(plugins.defaults(connectors_url))
     try:
         runs = asyncio.run(runner.run_all(evalset, candidates, rules=rules, policy=policy,
                                           connectors=real))

@@ -62,6 +62,13 @@ class MigrationError(AgentLedgerError):
     code = "migration_error"
 
 
+class ConfigurationError(AgentLedgerError):
+    """The operator's configuration cannot be used as given (a connector that is not
+    installed, a factory that fails, an action no connector declares): fix it and restart."""
+
+    code = "configuration_error"
+
+
 class ValidationFailed(AgentLedgerError):
     """The input does not satisfy its contract."""
 

@@ -20,8 +20,8 @@ import uuid
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from agentledger import errors, identity
-from agentledger.connectors import base, crm
+from agentledger import errors, identity, settings
+from agentledger.connectors import base, plugins
 from agentledger.policy import repository as policy_repo
 
 
@@ -39,6 +39,7 @@ class OperatorSettings(BaseSettings):
     # The providers' base URL and {connector: {tenant id: lookup-scoped token}}, as the
     # reconciler has them: a resolution is checked with the lookup the reconciler would use.
     crm_url: str = "http://127.0.0.1:8090"
+    connectors_options: settings.ConnectorOptions = None
     lookup_tokens: dict[str, dict[str, str]] = Field(default_factory=dict)
 
     def credentials(self) -> base.Credentials:
@@ -46,8 +47,9 @@ class OperatorSettings(BaseSettings):
         return base.Credentials("lookup", self.lookup_tokens)
 
     def connectors(self) -> dict[str, base.Connector]:
-        """The installed connectors by name, as the reconciler builds them (close them after)."""
-        return crm.registry(self.crm_url)
+        """The deployment's connectors by name, as the reconciler builds them (close them
+        after)."""
+        return plugins.load(plugins.configured(self.connectors_options, self.crm_url))
 
 
 def verify(token: str | None, cfg: OperatorSettings, *, tenant_id: uuid.UUID | None = None

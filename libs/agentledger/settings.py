@@ -7,7 +7,7 @@ the same for all of them so that `. .local/env` reaches the stack from any shell
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -19,6 +19,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # (agentledger.kafka.topics) so an acks=all write survives the loss of one broker.
 KafkaReplicationFactor = Annotated[
     int, Field(ge=1, le=5, validation_alias="AGENTLEDGER_KAFKA_REPLICATION_FACTOR")]
+
+# The connectors a deployment uses and their options, {name: {option: value}} as JSON in
+# AGENTLEDGER_CONNECTORS (agentledger.connectors.plugins); unset: the demo's CRM and billing.
+ConnectorOptions = Annotated[
+    dict[str, dict[str, Any]] | None, Field(validation_alias="AGENTLEDGER_CONNECTORS")]
+# The operator's allowlist file and Cedar policy directory; unset: the packaged ones (the demo's).
+AllowlistPath = Annotated[Path | None, Field(validation_alias="AGENTLEDGER_ALLOWLIST")]
+PolicyDir = Annotated[Path | None, Field(validation_alias="AGENTLEDGER_POLICY_DIR")]
 
 
 class Settings(BaseSettings):
@@ -33,6 +41,15 @@ class Settings(BaseSettings):
     kafka_bootstrap: str = Field(default="127.0.0.1:19092", description="Kafka bootstrap servers.")
     kafka_replication_factor: KafkaReplicationFactor = 1
     migrations_dir: Path = Field(default=REPO_ROOT / "migrations")
+
+
+class PolicySources(BaseSettings):
+    """Where the operator's actions and policies are (read by every process that decides)."""
+
+    model_config = SettingsConfigDict(extra="ignore")
+
+    allowlist: AllowlistPath = None
+    policy_dir: PolicyDir = None
 
 
 def load() -> Settings:

@@ -12,7 +12,7 @@ import asyncpg
 import confluent_kafka
 
 from agentledger import crypto, services
-from agentledger.connectors import base, crm
+from agentledger.connectors import base, plugins
 from agentledger.contracts import topics
 from agentledger.executor import dispatcher, inflight
 from agentledger.kafka import batch
@@ -40,8 +40,8 @@ class ExecutorService:
         group = cfg.group_id or f"agentledger-executor-{cfg.connector}"
         client_id = f"agentledger-executor-{cfg.connector}"
         rules = allowlist.Allowlist.load()
-        connectors = {name: c for name, c in crm.registry(cfg.crm_url).items()
-                      if name == cfg.connector}
+        connectors = plugins.load(plugins.configured(cfg.connectors, cfg.crm_url),
+                                  [cfg.connector])
         running = inflight.InFlight(cfg.max_in_flight)
         stable = cfg.group_instance_id is not None  # Kafka admits one live member per id
         worker_id = cfg.worker_id or (

@@ -27,7 +27,8 @@ class ExecutorSettings(BaseSettings):
     # How long a silent member keeps its partitions; 10 s bounds the stall after a crash.
     session_timeout_ms: int = 10_000
     db_role: str | None = "agentledger_executor"
-    crm_url: str = "http://127.0.0.1:8090"
+    crm_url: str = "http://127.0.0.1:8090"  # the demo connectors' URL when none are configured
+    connectors: shared.ConnectorOptions = None
     # {connector: {tenant id: write-scoped token}}: loaded only by the executor (R1.7).
     write_tokens: dict[str, dict[str, str]] = Field(default_factory=dict)
     # Default: executor-<connector>-<group_instance_id> with static membership (a stable

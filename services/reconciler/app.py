@@ -8,7 +8,7 @@ import logging
 import asyncpg
 
 from agentledger import services
-from agentledger.connectors import base, crm
+from agentledger.connectors import base, plugins
 from agentledger.executor import reconciler
 from agentledger.ledger import repository
 from agentledger.services.reconciler.settings import ReconcilerSettings
@@ -25,7 +25,7 @@ async def run(cfg: ReconcilerSettings | None = None) -> None:
             await conn.execute(f'SET ROLE "{cfg.db_role}"')
 
     stop = services.stop_on_signals()
-    connectors = crm.registry(cfg.crm_url)
+    connectors = plugins.load(plugins.configured(cfg.connectors, cfg.crm_url))
     pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=4, init=init,
                                      reset=repository.keep_session)
     worker = reconciler.Reconciler(pool=pool, connectors=connectors,

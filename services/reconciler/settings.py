@@ -5,13 +5,16 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agentledger import settings as shared
+
 
 class ReconcilerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AGENTLEDGER_RECONCILER_", extra="ignore")
 
     database_url: str = Field(validation_alias="AGENTLEDGER_DATABASE_URL")
     db_role: str | None = "agentledger_reconciler"
-    crm_url: str = "http://127.0.0.1:8090"
+    crm_url: str = "http://127.0.0.1:8090"  # the demo connectors' URL when none are configured
+    connectors: shared.ConnectorOptions = None
     # {connector: {tenant id: lookup-scoped token}}: never a write token (R1.7).
     lookup_tokens: dict[str, dict[str, str]] = Field(default_factory=dict)
     # How often expired leases and unknown outcomes are swept. With the executor's 60 s

@@ -1,1 +1,33 @@
-"""Connectors: the only code that calls business systems, each with a declared contract (R6.7)."""
+"""The connector SDK: what a connector is, what a call can come back with, and how the
+services find connectors by name.
+
+A connector is any object with the :class:`Connector` shape (a name, the actions it performs,
+its :class:`Contract`, the scopes it needs, ``execute``, ``lookup`` and ``aclose``), made by a
+*factory* that takes the connector's options from the operator's configuration. The services
+never import a connector: they ask :mod:`agentledger.connectors.plugins` for one by name, and
+it finds the factory through the ``agentledger.connectors`` entry-point group of the
+installed distributions (the CRM and billing connectors are found that way too), or through
+a ``factory = "module:attribute"`` in the configuration. See docs/connectors.md.
+"""
+
+from agentledger.connectors.base import (
+    Applied,
+    Call,
+    Connector,
+    Contract,
+    Credentials,
+    Fenced,
+    Idempotency,
+    InDoubt,
+    Lookup,
+    NotFound,
+    NotSent,
+    PreconditionFailed,
+    Refused,
+    Result,
+    Scope,
+)
+
+__all__ = ["Applied", "Call", "Connector", "Contract", "Credentials", "Fenced", "Idempotency",
+           "InDoubt", "Lookup", "NotFound", "NotSent", "PreconditionFailed", "Refused",
+           "Result", "Scope"]

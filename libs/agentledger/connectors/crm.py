@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from agentledger import httpclient
+from agentledger import errors, httpclient
 from agentledger.connectors import base
 
 # Phases of one call: waiting for a pooled connection, connecting, writing, reading.
@@ -185,6 +185,24 @@ class BillingConnector:
         await self._http.client.aclose()
 
 
+def _url(options: Mapping[str, Any]) -> str:
+    url = options.get("url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise errors.ConfigurationError("the CRM connectors need option 'url' (http[s]://…)",
+                                        url=url)
+    return url
+
+
+def crm(options: Mapping[str, Any]) -> CrmConnector:
+    """Entry point ``crm`` of group ``agentledger.connectors``; options: ``url``."""
+    return CrmConnector(_url(options))
+
+
+def billing(options: Mapping[str, Any]) -> BillingConnector:
+    """Entry point ``billing`` of group ``agentledger.connectors``; options: ``url``."""
+    return BillingConnector(_url(options))
+
+
 def registry(crm_url: str) -> dict[str, base.Connector]:
-    """The connectors by name."""
-    return {"crm": CrmConnector(crm_url), "billing": BillingConnector(crm_url)}
+    """Both connectors by name, made directly (tests; the services go through plugins)."""
+    return {"crm": crm({"url": crm_url}), "billing": billing({"url": crm_url})}

@@ -22,7 +22,7 @@ import jsonschema
 import jsonschema.validators
 from jsonschema import Draft202012Validator
 
-from agentledger import canonical, errors
+from agentledger import canonical, errors, settings
 
 DEFAULT_PATH: Final = Path(__file__).with_name("allowlist.json")
 FILE_FORMAT: Final = "agentledger.allowlist.v1"
@@ -291,13 +291,15 @@ class Allowlist:
 
     @classmethod
     def load(cls, path: Path | str | None = None) -> Allowlist:
-        """Read and validate an allowlist file (default: the one shipped with the package).
+        """Read and validate an allowlist file (default: ``AGENTLEDGER_ALLOWLIST``, else the
+        one shipped with the package, the demo's).
 
         Raises:
             errors.ValidationFailed: The file is not valid JSON, not a valid allowlist, or
                 one of its argument schemas is not closed and bounded.
         """
-        source = Path(path) if path is not None else DEFAULT_PATH
+        source = Path(path) if path is not None else (
+            settings.PolicySources().allowlist or DEFAULT_PATH)
         try:
             document = json.loads(source.read_bytes())
         except (OSError, ValueError) as exc:

@@ -39,7 +39,7 @@ from uuid import UUID
 
 import cedarpy
 
-from agentledger import canonical, errors
+from agentledger import canonical, errors, settings
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import decision as decision_mod
 
@@ -51,6 +51,11 @@ _NS: Final = "AgentLedger"
 _Q_PERFORM: Final = "perform"
 _Q_UNATTENDED: Final = "perform_unattended"
 _Q_APPROVE: Final = "approve"
+
+
+def configured_dir() -> Path:
+    """The operator's policy directory (``AGENTLEDGER_POLICY_DIR``), else the packaged one."""
+    return settings.PolicySources().policy_dir or DEFAULT_DIR
 
 
 @dataclass(frozen=True)
@@ -171,13 +176,14 @@ class CedarPolicy:
     """
 
     def __init__(self, directory: Path | str | None = None) -> None:
-        """Load and validate ``*.cedar`` and the schema from ``directory``.
+        """Load and validate ``*.cedar`` and the schema from ``directory`` (default:
+        ``AGENTLEDGER_POLICY_DIR``, else the packaged policies, the demo's).
 
         Raises:
             errors.ValidationFailed: missing files, unparseable or invalid policies, a policy
                 without an ``@id`` or an ``@id`` used twice.
         """
-        source = Path(directory) if directory is not None else DEFAULT_DIR
+        source = Path(directory) if directory is not None else configured_dir()
         try:
             files = {p.name: p.read_text(encoding="utf-8") for p in sorted(source.glob("*.cedar"))}
             schema_text = (source / SCHEMA_FILE).read_text(encoding="utf-8")

@@ -1,0 +1,164 @@
+"""Connectors are found by name: entry points of installed distributions, or a factory named
+in the configuration — and what a factory makes is checked before a service relies on it."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from agentledger import errors, settings
+from agentledger.connectors import crm, plugins
+
+PACKAGE = '''
+from agentledger.connectors import Applied, Call, Contract, InDoubt
+
+class Echo:
+    actions = frozenset({"echo.say"})
+    contract = Contract("replay_safe", call_timeout_s=3.0)
+    scopes = frozenset({"write"})
+
+    def __init__(self, name, options):
+        self.name, self.options = name, dict(options)
+
+    async def execute(self, call: Call, token: str):
+        return Applied(receipt=f"echo:{call.operation_id}")
+
+    async def lookup(self, call: Call, token: str):
+        return InDoubt("no lookup")
+
+    async def aclose(self):
+        pass
+
+def make(options):
+    return Echo("acme", options)
+
+def make_other(options):
+    return Echo("other", options)
+
+def misnamed(options):
+    return Echo("not-acme", options)
+
+class Broken:
+    name = "broken"
+
+def broken(options):
+    return Broken()
+
+def failing(options):
+    raise RuntimeError("the API key is missing")
+'''
+
+
+@pytest.fixture
+def distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A distribution installed the way pip leaves one: a package and its dist-info with an
+    entry point in group ``agentledger.connectors``, on the import path."""
+    (tmp_path / "acme_connector").mkdir()
+    (tmp_path / "acme_connector" / "__init__.py").write_text(textwrap.dedent(PACKAGE))
+    info = tmp_path / "acme_connector-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-connector\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[agentledger.connectors]\nacme = acme_connector:make\nbroken = acme_connector:broken\n"
+        "failing = acme_connector:failing\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    yield tmp_path
+    sys.modules.pop("acme_connector", None)
+
+
+def test_an_installed_distributions_connector_is_found_by_its_entry_point(
+    distribution: Path,
+) -> None:
+    assert {"acme", "crm", "billing"} <= set(plugins.installed())
+    made = plugins.load({"acme": {"region": "eu"}})
+    assert list(made) == ["acme"]
+    assert made["acme"].name == "acme" and made["acme"].options == {"region": "eu"}
+
+
+def test_a_factory_named_in_the_configuration_needs_no_entry_point(distribution: Path) -> None:
+    made = plugins.load({"other": {"factory": "acme_connector:make_other", "x": 1}})
+    assert made["other"].options == {"x": 1}  # the factory reference is not an option
+
+
+def test_the_demo_connectors_are_plugins_like_any_other() -> None:
+    found = plugins.installed()
+    assert found["crm"].value == "agentledger.connectors.crm:crm"
+    assert found["billing"].value == "agentledger.connectors.crm:billing"
+    made = plugins.load(plugins.defaults("http://127.0.0.1:8090"), ["billing"])
+    assert isinstance(made["billing"], crm.BillingConnector)
+
+
+@pytest.mark.parametrize("options,says", [
+    ({"nowhere": {}}, "no connector 'nowhere' is installed"),
+    ({"acme": {"factory": "acme_connector"}}, "factory must be 'module:attribute'"),
+    ({"acme": {"factory": "acme_connector:absent"}}, "cannot be imported"),
+    ({"acme": {"factory": "no_such_module:make"}}, "cannot be imported"),
+    ({"acme": {"factory": "acme_connector:misnamed"}}, "its name is 'not-acme', not 'acme'"),
+    ({"broken": {}}, "no async execute()"),
+    ({"failing": {}}, "could not be made: the API key is missing"),
+    ({"crm": {"url": "ftp://x"}}, "need option 'url'"),
+])
+def test_a_connector_that_cannot_be_used_is_a_configuration_error(
+    distribution: Path, options: dict[str, dict[str, object]], says: str,
+) -> None:
+    with pytest.raises(errors.ConfigurationError) as raised:
+        plugins.load(options)
+    assert says in raised.value.message
+    assert not raised.value.retryable
+
+
+def test_a_name_that_is_not_configured_is_refused() -> None:
+    with pytest.raises(errors.ConfigurationError, match="not configured"):
+        plugins.load(plugins.defaults("http://127.0.0.1:8090"), ["mailer"])
+
+
+def test_the_connectors_setting_is_read_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agentledger.services.executor.settings import ExecutorSettings
+
+    monkeypatch.setenv("AGENTLEDGER_CONNECTORS", '{"acme": {"region": "eu"}}')
+    cfg = ExecutorSettings.model_validate({"AGENTLEDGER_DATABASE_URL": "postgresql://x/y",
+                                           "AGENTLEDGER_KAFKA_BOOTSTRAP": "k:1",
+                                           "AGENTLEDGER_MASTER_KEY": "a" * 44})
+    assert plugins.configured(cfg.connectors, cfg.crm_url) == {"acme": {"region": "eu"}}
+    monkeypatch.delenv("AGENTLEDGER_CONNECTORS")
+    unset = ExecutorSettings.model_validate({"AGENTLEDGER_DATABASE_URL": "postgresql://x/y",
+                                             "AGENTLEDGER_KAFKA_BOOTSTRAP": "k:1",
+                                             "AGENTLEDGER_MASTER_KEY": "a" * 44})
+    assert set(plugins.configured(unset.connectors, unset.crm_url)) == {"crm", "billing"}
+
+
+# Modules of the connector SDK itself; any other agentledger.connectors.* is a connector.
+SDK = {"agentledger.connectors", "agentledger.connectors.base", "agentledger.connectors.plugins"}
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def test_no_service_or_library_module_imports_a_connector() -> None:
+    root = settings.REPO_ROOT
+    sources = [p for base in (root / "services", root / "libs" / "agentledger")
+               for p in base.rglob("*.py")
+               if "connectors" not in p.relative_to(root).parts]
+    assert len(sources) > 100  # the walk found the code
+    offenders = {
+        str(p.relative_to(root)): sorted(n for n in _imports(p)
+                                         if n.startswith("agentledger.connectors.")
+                                         and n not in SDK)
+        for p in sources}
+    assert {p: n for p, n in offenders.items() if n} == {}
