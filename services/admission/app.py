@@ -11,13 +11,13 @@ import asyncpg
 import confluent_kafka
 
 from agentledger import admission, crypto, errors, identity, services
+from agentledger.connectors import plugins
 from agentledger.contracts import topics
 from agentledger.kafka import batch
 from agentledger.kafka import topics as kafka_topics
 from agentledger.ledger import groupcommit, keys, repository
 from agentledger.policy import allowlist
 from agentledger.policy import repository as policy_repo
-from agentledger.resources.crm import CrmResolver
 from agentledger.services.admission import handlers
 from agentledger.services.admission.settings import AdmissionSettings
 
@@ -49,7 +49,9 @@ class AdmissionService:
             if cfg.db_role:
                 await conn.execute(f'SET ROLE "{cfg.db_role}"')
 
-        resolver = CrmResolver(cfg.crm_url, cfg.crm_read_tokens)
+        configured = plugins.configured(cfg.connectors, cfg.crm_url)
+        resolver = plugins.resolver(configured, plugins.read_tokens(
+            configured, cfg.read_tokens, cfg.crm_read_tokens))
         pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=cfg.pool_size,
                                          init=init, reset=repository.keep_session)
         producer = confluent_kafka.Producer(

@@ -28,9 +28,12 @@ class AdmissionSettings(BaseSettings):
     # Tool calls one request may admit (R7); 0 disables the budget.
     budget_tool_calls: int = 20
     approval_ttl_s: float = 3600.0
-    crm_url: str = "http://127.0.0.1:8090"
-    # tenant id → a read-only CRM token, as JSON; resolution never needs more than read.
+    crm_url: str = "http://127.0.0.1:8090"  # the demo connectors' URL when none are configured
+    connectors: shared.ConnectorOptions = None
+    # tenant id → a read-only CRM token, as JSON; resolution never needs more than read. Used
+    # for every connector unless read_tokens ({connector: {tenant id: token}}) is set.
     crm_read_tokens: dict[str, str] = Field(default_factory=dict)
+    read_tokens: dict[str, dict[str, str]] | None = None
     group_id: str = "agentledger-admission"
     # Static membership (a stable id per pod, e.g. the StatefulSet pod name): a restarted
     # instance takes its partitions back at once instead of waiting out a rebalance.

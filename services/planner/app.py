@@ -10,11 +10,12 @@ from faststream.confluent import KafkaBroker
 from faststream.confluent.opentelemetry import KafkaTelemetryMiddleware
 
 from agentledger import errors, identity
+from agentledger.connectors import plugins
 from agentledger.contracts import topics
 from agentledger.evals import shadow
 from agentledger.kafka import topics as kafka_topics
 from agentledger.ledger import repository
-from agentledger.planning import adapters, budget, proposer, retrieval
+from agentledger.planning import adapters, budget, proposer
 from agentledger.policy import allowlist
 from agentledger.services.planner import handlers
 from agentledger.services.planner.settings import PlannerSettings
@@ -41,7 +42,9 @@ def create_app(settings: PlannerSettings | None = None) -> FastStream:
                          middlewares=(KafkaTelemetryMiddleware(),))
     app = FastStream(broker)
     rules = allowlist.Allowlist.load(cfg.allowlist_path)
-    retriever = retrieval.CrmRetriever(cfg.crm_url, cfg.crm_read_tokens)
+    configured = plugins.configured(cfg.connectors, cfg.crm_url)
+    retriever = plugins.retriever(cfg.retriever, configured, plugins.read_tokens(
+        configured, cfg.read_tokens, cfg.crm_read_tokens).get(cfg.retriever, {}))
     adapter = build_adapter(cfg, rules)
     planner = proposer.Proposer(retriever=retriever, adapter=adapter, rules=rules,
                                 envelope_keys=identity.KeySet.from_pem(cfg.envelope_keys))

@@ -29,6 +29,10 @@ class PlannerSettings(BaseSettings):
     crm_url: str = "http://127.0.0.1:8090"
     # tenant id → a READ-only CRM token, as JSON.
     crm_read_tokens: dict[str, str] = Field(default_factory=dict)
+    read_tokens: dict[str, dict[str, str]] | None = None  # {connector: {tenant id: token}}
+    connectors: shared.ConnectorOptions = None
+    # The connector whose retriever reads the evidence the model plans on.
+    retriever: str = "crm"
     adapter: Literal["rules", "openai", "scripted"] = "rules"
     openai_base_url: str = "http://127.0.0.1:11434/v1"
     openai_model: str = "gpt-4o-mini"

@@ -7,12 +7,15 @@ import ast
 import importlib
 import sys
 import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
 
 from agentledger import errors, settings
 from agentledger.connectors import crm, plugins
+from agentledger.planning import retrieval
+from agentledger.resources import crm as crm_resources
 
 PACKAGE = '''
 from agentledger.connectors import Applied, Call, Contract, InDoubt
@@ -51,6 +54,19 @@ def broken(options):
 
 def failing(options):
     raise RuntimeError("the API key is missing")
+
+class Directory:
+    def __init__(self, options, read_tokens):
+        self.options, self.read_tokens, self.closed = dict(options), dict(read_tokens), False
+
+    async def resolve(self, tenant_id, connector, resource_id):
+        from agentledger.resources import Resource, not_found
+        if resource_id != "known":
+            raise not_found(resource_id)
+        return Resource(connector, resource_id, "7")
+
+    async def aclose(self):
+        self.closed = True
 '''
 
 
@@ -65,7 +81,8 @@ def distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-connector\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(
         "[agentledger.connectors]\nacme = acme_connector:make\nbroken = acme_connector:broken\n"
-        "failing = acme_connector:failing\n")
+        "failing = acme_connector:failing\n\n"
+        "[agentledger.resolvers]\nacme = acme_connector:Directory\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
     yield tmp_path
@@ -102,7 +119,7 @@ def test_the_demo_connectors_are_plugins_like_any_other() -> None:
     ({"acme": {"factory": "acme_connector:misnamed"}}, "its name is 'not-acme', not 'acme'"),
     ({"broken": {}}, "no async execute()"),
     ({"failing": {}}, "could not be made: the API key is missing"),
-    ({"crm": {"url": "ftp://x"}}, "need option 'url'"),
+    ({"crm": {"url": "ftp://x"}}, "needs option 'url'"),
 ])
 def test_a_connector_that_cannot_be_used_is_a_configuration_error(
     distribution: Path, options: dict[str, dict[str, object]], says: str,
@@ -111,6 +128,44 @@ def test_a_connector_that_cannot_be_used_is_a_configuration_error(
         plugins.load(options)
     assert says in raised.value.message
     assert not raised.value.retryable
+
+
+async def test_admission_resolves_each_target_with_its_connectors_resolver(
+    distribution: Path,
+) -> None:
+    tenant = uuid.uuid4()
+    configured = {"acme": {"region": "eu"}, **plugins.defaults("http://127.0.0.1:8090")}
+    tokens = plugins.read_tokens(configured, None, {str(tenant): "read-token"})
+    routed = plugins.resolver(configured, tokens)
+    acme = routed.by_connector["acme"]
+    assert (acme.options, acme.read_tokens) == ({"region": "eu"}, {str(tenant): "read-token"})
+    assert isinstance(routed.by_connector["billing"], crm_resources.CrmResolver)
+    assert (await routed.resolve(tenant, "acme", "known")).revision == "7"
+    with pytest.raises(errors.ResourceNotFound):
+        await routed.resolve(tenant, "acme", "unknown")
+    with pytest.raises(errors.ResourceNotFound):  # a connector this deployment does not use
+        await routed.resolve(tenant, "mailer", "known")
+    await routed.aclose()
+    assert acme.closed
+
+
+def test_a_connector_without_a_resolver_keeps_admission_from_starting(
+    distribution: Path,
+) -> None:
+    with pytest.raises(errors.ConfigurationError, match="no resolver 'other' is installed"):
+        plugins.resolver({"other": {"factory": "acme_connector:make_other"}}, {})
+    made = plugins.resolver({"other": {"resolver_factory": "acme_connector:Directory"}}, {})
+    assert set(made.by_connector) == {"other"}
+
+
+def test_the_planner_reads_through_the_configured_connectors_retriever() -> None:
+    configured = plugins.defaults("http://127.0.0.1:8090")
+    found = plugins.retriever("crm", configured, {})
+    assert isinstance(found, retrieval.CrmRetriever)
+    with pytest.raises(errors.ConfigurationError, match="not configured"):
+        plugins.retriever("tickets", configured, {})
+    with pytest.raises(errors.ConfigurationError, match="no retriever 'billing'"):
+        plugins.retriever("billing", configured, {})
 
 
 def test_a_name_that_is_not_configured_is_refused() -> None:
@@ -137,6 +192,8 @@ def test_the_connectors_setting_is_read_from_the_environment(
 
 # Modules of the connector SDK itself; any other agentledger.connectors.* is a connector.
 SDK = {"agentledger.connectors", "agentledger.connectors.base", "agentledger.connectors.plugins"}
+# Resolvers and retrievers offered as plugins outside the connectors package.
+PLUGIN_MODULES = {"agentledger.resources.crm", "agentledger.planning.retrieval.CrmRetriever"}
 
 
 def _imports(path: Path) -> set[str]:
@@ -154,11 +211,12 @@ def test_no_service_or_library_module_imports_a_connector() -> None:
     root = settings.REPO_ROOT
     sources = [p for base in (root / "services", root / "libs" / "agentledger")
                for p in base.rglob("*.py")
-               if "connectors" not in p.relative_to(root).parts]
+               if "connectors" not in p.relative_to(root).parts
+               and p != root / "libs" / "agentledger" / "resources" / "crm.py"]  # plugins
     assert len(sources) > 100  # the walk found the code
     offenders = {
         str(p.relative_to(root)): sorted(n for n in _imports(p)
-                                         if n.startswith("agentledger.connectors.")
-                                         and n not in SDK)
+                                         if (n.startswith("agentledger.connectors.")
+                                             and n not in SDK) or n in PLUGIN_MODULES)
         for p in sources}
     assert {p: n for p, n in offenders.items() if n} == {}

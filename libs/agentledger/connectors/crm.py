@@ -16,8 +16,8 @@ from urllib.parse import quote
 
 import aiohttp
 
-from agentledger import errors, httpclient
-from agentledger.connectors import base
+from agentledger import httpclient
+from agentledger.connectors import base, plugins
 
 # Phases of one call: waiting for a pooled connection, connecting, writing, reading.
 POOL_S, CONNECT_S, WRITE_S, READ_S = 2.0, 2.0, 5.0, 5.0
@@ -185,22 +185,14 @@ class BillingConnector:
         await self._http.client.aclose()
 
 
-def _url(options: Mapping[str, Any]) -> str:
-    url = options.get("url")
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise errors.ConfigurationError("the CRM connectors need option 'url' (http[s]://…)",
-                                        url=url)
-    return url
-
-
 def crm(options: Mapping[str, Any]) -> CrmConnector:
     """Entry point ``crm`` of group ``agentledger.connectors``; options: ``url``."""
-    return CrmConnector(_url(options))
+    return CrmConnector(plugins.url_option("crm", options))
 
 
 def billing(options: Mapping[str, Any]) -> BillingConnector:
     """Entry point ``billing`` of group ``agentledger.connectors``; options: ``url``."""
-    return BillingConnector(_url(options))
+    return BillingConnector(plugins.url_option("billing", options))
 
 
 def registry(crm_url: str) -> dict[str, base.Connector]:

@@ -25,20 +25,43 @@ import importlib
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any
+from typing import Any, cast
+from uuid import UUID
 
 from agentledger import errors
 from agentledger.connectors import base
+from agentledger.resources import Resolver, Resource, not_found
 
 GROUP = "agentledger.connectors"
+# What else a connector's distribution may offer, under the connector's name: admission's
+# check of a target (R1.4) and the planner's read path. Their factories take the options
+# and the read-scoped tokens {tenant id: token}.
+RESOLVERS = "agentledger.resolvers"
+RETRIEVERS = "agentledger.retrievers"
 Factory = Callable[[Mapping[str, Any]], base.Connector]
-# The key of a connector's options naming its factory directly ("module:attribute").
+# The keys of a connector's options naming a factory directly ("module:attribute").
 FACTORY_KEY = "factory"
+_FACTORY_KEYS = {GROUP: FACTORY_KEY, RESOLVERS: "resolver_factory",
+                 RETRIEVERS: "retriever_factory"}
+_KINDS = {GROUP: "connector", RESOLVERS: "resolver", RETRIEVERS: "retriever"}
 
 
-def installed() -> dict[str, EntryPoint]:
-    """The connector entry points of every installed distribution, by connector name."""
-    return {ep.name: ep for ep in entry_points(group=GROUP)}
+def installed(group: str = GROUP) -> dict[str, EntryPoint]:
+    """The entry points of ``group`` in every installed distribution, by connector name."""
+    return {ep.name: ep for ep in entry_points(group=group)}
+
+
+def url_option(name: str, options: Mapping[str, Any]) -> str:
+    """The ``url`` option of connector ``name`` (http or https).
+
+    Raises:
+        ConfigurationError: absent or not an http(s) URL.
+    """
+    url = options.get("url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise errors.ConfigurationError(f"connector {name!r} needs option 'url' (http[s]://…)",
+                                        connector=name, url=url)
+    return url
 
 
 def defaults(crm_url: str) -> dict[str, dict[str, Any]]:
@@ -52,38 +75,40 @@ def configured(options: Mapping[str, Mapping[str, Any]] | None,
     return options if options is not None else defaults(crm_url)
 
 
-def factory(name: str, options: Mapping[str, Any]) -> Factory:
-    """The factory of connector ``name``: from its options' ``factory``, else its entry point.
+def factory(name: str, options: Mapping[str, Any], group: str = GROUP) -> Any:
+    """The factory of connector ``name`` in ``group``: from its options (``factory``,
+    ``resolver_factory``, ``retriever_factory``), else its entry point.
 
     Raises:
         ConfigurationError: no such entry point, or the reference does not import.
     """
-    reference = options.get(FACTORY_KEY)
+    key, kind = _FACTORY_KEYS[group], _KINDS[group]
+    reference = options.get(key)
     try:
         if reference is not None:
             if not isinstance(reference, str) or ":" not in reference:
                 raise errors.ConfigurationError(
-                    f"connector {name!r}: factory must be 'module:attribute'",
+                    f"connector {name!r}: {key} must be 'module:attribute'",
                     connector=name, factory=reference)
             module, _, attribute = reference.partition(":")
             found: Any = importlib.import_module(module)
             for part in attribute.split("."):
                 found = getattr(found, part)
         else:
-            point = installed().get(name)
+            point = installed(group).get(name)
             if point is None:
                 raise errors.ConfigurationError(
-                    f"no connector {name!r} is installed (entry point group {GROUP!r}) and "
-                    f"its options name no {FACTORY_KEY!r}", connector=name,
-                    installed=sorted(installed()))
+                    f"no {kind} {name!r} is installed (entry point group {group!r}) and "
+                    f"its options name no {key!r}", connector=name,
+                    installed=sorted(installed(group)))
             found = point.load()
     except (ImportError, AttributeError) as exc:
-        raise errors.ConfigurationError(f"connector {name!r} cannot be imported: {exc}",
+        raise errors.ConfigurationError(f"{kind} {name!r} cannot be imported: {exc}",
                                         connector=name) from exc
     if not callable(found):
-        raise errors.ConfigurationError(f"connector {name!r}: its factory is not callable",
+        raise errors.ConfigurationError(f"{kind} {name!r}: its factory is not callable",
                                         connector=name)
-    return found  # type: ignore[no-any-return]
+    return found
 
 
 def make(name: str, options: Mapping[str, Any]) -> base.Connector:
@@ -94,7 +119,7 @@ def make(name: str, options: Mapping[str, Any]) -> base.Connector:
             named ``name``.
     """
     make_one = factory(name, options)
-    own = {k: v for k, v in options.items() if k != FACTORY_KEY}
+    own = _own(options)
     try:
         connector = make_one(own)
     except errors.AgentLedgerError:
@@ -103,7 +128,7 @@ def make(name: str, options: Mapping[str, Any]) -> base.Connector:
         raise errors.ConfigurationError(f"connector {name!r} could not be made: {exc}",
                                         connector=name) from exc
     check(name, connector)
-    return connector
+    return cast(base.Connector, connector)
 
 
 def check(name: str, connector: object) -> None:
@@ -151,3 +176,77 @@ def load(configured: Mapping[str, Mapping[str, Any]],
             f"connectors not configured: {missing} (AGENTLEDGER_CONNECTORS names "
             f"{sorted(configured)})", missing=missing)
     return {name: make(name, configured[name]) for name in wanted}
+
+
+def _own(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options a factory is given: all but the factory references."""
+    return {k: v for k, v in options.items() if k not in _FACTORY_KEYS.values()}
+
+
+def _reader(group: str, name: str, options: Mapping[str, Any],
+            read_tokens: Mapping[str, str]) -> Any:
+    make_one = factory(name, options, group)
+    try:
+        return make_one(_own(options), read_tokens)
+    except errors.AgentLedgerError:
+        raise
+    except Exception as exc:  # a third-party factory: any failure is a configuration error
+        raise errors.ConfigurationError(
+            f"{_KINDS[group]} {name!r} could not be made: {exc}", connector=name) from exc
+
+
+def resolver(configured: Mapping[str, Mapping[str, Any]],
+             read_tokens: Mapping[str, Mapping[str, str]]) -> RoutingResolver:
+    """Admission's resolver: each configured connector's own, chosen by the action's connector.
+
+    Every configured connector must offer one: a target that cannot be checked (R1.4) is not
+    admitted, so a deployment without a resolver for a connector does not start.
+
+    Raises:
+        ConfigurationError: a connector without a resolver, or one that cannot be made.
+    """
+    return RoutingResolver({
+        name: _reader(RESOLVERS, name, options, read_tokens.get(name, {}))
+        for name, options in configured.items()})
+
+
+def retriever(name: str, configured: Mapping[str, Mapping[str, Any]],
+              read_tokens: Mapping[str, str]) -> Any:
+    """The planner's read path: connector ``name``'s retriever.
+
+    Raises:
+        ConfigurationError: ``name`` is not configured or offers no retriever.
+    """
+    if name not in configured:
+        raise errors.ConfigurationError(f"the planner reads through connector {name!r}, "
+                                        "which is not configured", connector=name)
+    return _reader(RETRIEVERS, name, configured[name], read_tokens)
+
+
+def read_tokens(configured: Mapping[str, Mapping[str, Any]],
+                per_connector: Mapping[str, Mapping[str, str]] | None,
+                legacy: Mapping[str, str]) -> dict[str, Mapping[str, str]]:
+    """Read-scoped tokens per connector: as configured, else the one CRM token map for every
+    connector (the demo's CRM stand-in serves both of its connectors)."""
+    if per_connector is not None:
+        return dict(per_connector)
+    return {name: legacy for name in configured}
+
+
+class RoutingResolver:
+    """Resolves each target with the resolver of the action's connector."""
+
+    def __init__(self, by_connector: Mapping[str, Resolver]) -> None:
+        self.by_connector = dict(by_connector)
+
+    async def resolve(self, tenant_id: UUID, connector: str, resource_id: str) -> Resource:
+        found = self.by_connector.get(connector)
+        if found is None:  # not configured here: no target of it exists for admission
+            raise not_found(resource_id)
+        return await found.resolve(tenant_id, connector, resource_id)
+
+    async def aclose(self) -> None:
+        for found in self.by_connector.values():
+            close = getattr(found, "aclose", None)
+            if close is not None:
+                await close()

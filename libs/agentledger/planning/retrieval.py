@@ -21,6 +21,7 @@ import httpx
 from opentelemetry import trace
 
 from agentledger import errors
+from agentledger.connectors import plugins
 from agentledger.contracts import common, proposals
 
 log = logging.getLogger(__name__)
@@ -191,3 +192,8 @@ def render_for_model(items: Sequence[proposals.EvidenceItem], *, nonce: str | No
             f"<<<END-UNTRUSTED-DATA {tag} ref={item.ref}>>>"
         )
     return "\n\n".join(blocks)
+
+
+def crm_retriever(options: Mapping[str, Any], read_tokens: Mapping[str, str]) -> CrmRetriever:
+    """Entry point ``crm`` of group ``agentledger.retrievers``; options: ``url``."""
+    return CrmRetriever(plugins.url_option("crm", options), read_tokens)

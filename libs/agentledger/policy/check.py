@@ -3,7 +3,8 @@ checked together, before any service starts on them.
 
 Loading already refuses an allowlist whose argument schemas are not closed and bounded, and a
 policy set that does not parse or validate against its schema. Together they must also agree
-with the connectors: every allowlisted action names a configured connector that declares it.
+with the connectors: every allowlisted action names a configured connector that declares it,
+and every connector offers the resolver admission checks its targets with.
 The report then says, per principal role the policies name, what each action would get: run
 without a person (``allow``), only after approval (``require_approval``), or ``deny``.
 """
@@ -69,6 +70,10 @@ def check(allowlist_path: Path | None, policy_dir: Path | None,
             report.problems.append(f"connector {name}: {exc.message}")
             continue
         declared[name] = connector.actions
+        try:  # admission checks every target through it (R1.4): without one it won't start
+            plugins.factory(name, options, plugins.RESOLVERS)
+        except errors.ConfigurationError as exc:
+            report.problems.append(f"connector {name}: {exc.message}")
         c = connector.contract
         report.connectors[name] = {
             "actions": sorted(connector.actions), "idempotency": c.idempotency,

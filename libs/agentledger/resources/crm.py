@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from typing import Any
 from urllib.parse import urlencode
 from uuid import UUID
 
 import aiohttp
 
 from agentledger import errors, httpclient
+from agentledger.connectors import plugins
 from agentledger.resources import Resource, not_found
 
 # A resolution is one indexed read; past this the CRM is unwell and admission should retry
@@ -130,3 +132,9 @@ class CrmResolver:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise errors.StorageError(f"CRM answered an unreadable revision list: {exc!r}"
                                       ) from exc
+
+
+def resolver(options: Mapping[str, Any], read_tokens: Mapping[str, str]) -> CrmResolver:
+    """Entry point ``crm`` and ``billing`` of group ``agentledger.resolvers`` (billing's
+    customers are the CRM's); options: ``url``."""
+    return CrmResolver(plugins.url_option("crm", options), read_tokens)
