@@ -12,6 +12,8 @@ command -v mvn >/dev/null || missing+=(maven)
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
 command -v psql >/dev/null || missing+=(postgresql-client)
 python3 -c "import venv, ensurepip" 2>/dev/null || missing+=(python3-venv)
+# Mailpit (the e-mail connector's real SMTP server) is built from its Go module.
+command -v go >/dev/null || missing+=(golang-go)
 # The browser tests drive Debian's Chromium (never a downloaded browser build).
 [ -x /usr/bin/chromium ] || missing+=(chromium fonts-dejavu-core fonts-liberation)
 if [ ${#missing[@]} -gt 0 ]; then
@@ -24,14 +26,18 @@ fi
 VENV="$ROOT/.venv"
 # Extras to install: `dev` (tests, lint) always; `make bench` adds `bench` (DBOS, psutil…).
 EXTRAS="${AGENTLEDGER_EXTRAS:-dev}"
-HASH="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+HASH="$(cat "$ROOT/pyproject.toml" "$ROOT/libs/agentledger-email/pyproject.toml" | sha256sum | cut -c1-16)"
 STAMP="$VENV/.installed-$HASH-${EXTRAS//,/+}"
 if [ ! -f "$STAMP" ]; then
   log "installing the Python environment in .venv (extras: $EXTRAS)"
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip >&2
   "$VENV/bin/pip" install -q -e "$ROOT[$EXTRAS]" >&2
+  # A connector outside the library, installed as its own distribution (found by entry point).
+  "$VENV/bin/pip" install -q -e "$ROOT/libs/agentledger-email" >&2
   # Stamps of an older pyproject.toml are stale; every extras set includes `dev`.
   find "$VENV" -maxdepth 1 -name '.installed-*' ! -name ".installed-$HASH-*" -delete
   touch "$STAMP" "$VENV/.installed-$HASH-dev"
 fi
+
+bash "$ROOT/deploy/local/mailpit.sh" install

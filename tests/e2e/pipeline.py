@@ -91,11 +91,13 @@ class Pipeline:
     def propose(self, action: str, arguments: dict[str, Any], *, operation_id: uuid.UUID | None = None,
                 expected_revision: str | None = None, tenant: str | None = None,
                 evidence: list[dict[str, Any]] | None = None,
-                envelope_ttl_s: int | None = None) -> uuid.UUID:
-        """Publish a signed proposal (default: the first tenant's customer, by user:alice)."""
+                envelope_ttl_s: int | None = None, target: str | None = None) -> uuid.UUID:
+        """Publish a signed proposal (default: the first tenant's customer, by user:alice;
+        ``target``: another connector's target, with the arguments as given)."""
         op, record = self.proposal(action, arguments, operation_id=operation_id,
                                    expected_revision=expected_revision, tenant=tenant,
-                                   evidence=evidence, envelope_ttl_s=envelope_ttl_s)
+                                   evidence=evidence, envelope_ttl_s=envelope_ttl_s,
+                                   target=target)
         p = self.producer()
         p.produce(**record)
         assert p.flush(15) == 0
@@ -104,7 +106,8 @@ class Pipeline:
     def proposal(self, action: str, arguments: dict[str, Any], *, operation_id: uuid.UUID | None = None,
                  expected_revision: str | None = None, tenant: str | None = None,
                  evidence: list[dict[str, Any]] | None = None,
-                 envelope_ttl_s: int | None = None) -> tuple[uuid.UUID, dict[str, Any]]:
+                 envelope_ttl_s: int | None = None,
+                 target: str | None = None) -> tuple[uuid.UUID, dict[str, Any]]:
         """A signed proposal as ``Producer.produce`` keyword arguments, for a caller that
         publishes on its own producer (as ``propose`` does on a fresh one)."""
         op = operation_id or uuid.uuid4()
@@ -112,8 +115,9 @@ class Pipeline:
         customer = self.customer if tenant == self.tenant else self.others[tenant]
         body = {"schema": "agentledger.proposal.v1", "proposal_id": str(uuid.uuid4()),
                 "tenant_id": tenant, "principal_id": "user:alice", "operation_id": str(op),
-                "action": action, "arguments": {"customer_id": customer, **arguments},
-                "target": customer, "expected_revision": expected_revision,
+                "action": action,
+                "arguments": arguments if target else {"customer_id": customer, **arguments},
+                "target": target or customer, "expected_revision": expected_revision,
                 "planner": {"name": "e2e"}, "created_at": datetime.now(UTC).isoformat(),
                 **({"evidence": evidence} if evidence is not None else {})}
         body = identities.sign(body, ttl_s=envelope_ttl_s)
@@ -234,11 +238,17 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
              env: Mapping[str, Mapping[str, str]] | None = None,
              console: bool = False, ingress: bool = False,
              prefix: Mapping[str, Sequence[str]] | None = None,
-             crm_options: Mapping[str, Any] | None = None) -> Iterator[Pipeline]:
+             crm_options: Mapping[str, Any] | None = None,
+             connectors: Mapping[str, Mapping[str, Any]] | None = None,
+             config_env: Mapping[str, str] | None = None) -> Iterator[Pipeline]:
     """Start the pipeline; ``env`` adds variables per service name (``relay``, ``admission``,
     ``executor-crm``, ``executor-billing``, ``reconciler``, ``console``); ``prefix`` runs a
     service under a command (``ip netns exec NAME``: in a network namespace, tests/netns.py);
     ``crm_options`` passes keyword arguments to ``run_crm`` (where it runs and is reached).
+    ``connectors`` adds connectors (plugins) beside the demo's, with their options: every
+    service gets them in ``AGENTLEDGER_CONNECTORS``, and each gets an executor of its own
+    (``executor-<name>``); ``config_env`` (an operator's ``AGENTLEDGER_ALLOWLIST``,
+    ``AGENTLEDGER_POLICY_DIR``) goes to every service.
 
     ``console`` also starts the approvals console and a second tenant with its own customer
     and principals, known to admission and the console (for tenant-isolation tests)."""
@@ -252,7 +262,11 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
         tokens = {scope: asyncio.run(crm.token(tenant, scope)) for scope in ("read", "write", "lookup")}
         asyncio.run(identities.put_principals(database_url, tenant, identities.DEFAULT_PRINCIPALS))
         common = {"AGENTLEDGER_KAFKA_BOOTSTRAP": bootstrap,
-                  "AGENTLEDGER_MASTER_KEY": base64.b64encode(os.urandom(32)).decode()}
+                  "AGENTLEDGER_MASTER_KEY": base64.b64encode(os.urandom(32)).decode(),
+                  **(config_env or {})}
+        if connectors:
+            common["AGENTLEDGER_CONNECTORS"] = json.dumps(
+                {"crm": {"url": crm.url}, "billing": {"url": crm.url}, **connectors})
         # Each service logs in as its own role, as in production: never as the owner (issue 17).
         login_urls = asyncio.run(logins.ensure(database_url))
         p = Pipeline(bootstrap, database_url, crm, ns, tenant, customer, tokens)
@@ -287,7 +301,7 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
             "AGENTLEDGER_ADMISSION_PARTITIONS": "3",
             "AGENTLEDGER_ADMISSION_ENVELOPE_KEYS": json.dumps(identities.ENVELOPE_KEYS)},
             processes.group_has_members(bootstrap, f"admission-{tag}"))
-        for connector in ("crm", "billing"):
+        for connector in ("crm", "billing", *(connectors or {})):
             start(f"executor-{connector}", "agentledger.services.executor", {
                 "AGENTLEDGER_EXECUTOR_CONNECTOR": connector,
                 "AGENTLEDGER_EXECUTOR_EXEC_TOPIC": p.topic(f"exec.{connector}.v1"),
@@ -299,7 +313,8 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
                 processes.group_has_members(bootstrap, f"executor-{connector}-{tag}"))
         start("reconciler", "agentledger.services.reconciler", {
             "AGENTLEDGER_RECONCILER_CRM_URL": crm.url, "AGENTLEDGER_RECONCILER_PERIOD_S": "1",
-            "AGENTLEDGER_RECONCILER_LOOKUP_TOKENS": json.dumps({"crm": {tenant: tokens["lookup"]}})},
+            "AGENTLEDGER_RECONCILER_LOOKUP_TOKENS": json.dumps(
+                {c: {tenant: tokens["lookup"]} for c in ("crm", *(connectors or {}))})},
             lambda: "event=reconciler_started" in (logs / "reconciler.log").read_text(errors="replace"))
         if console:
             p.sessions = SessionIssuer.generate()

@@ -98,6 +98,17 @@ def test_an_installed_distributions_connector_is_found_by_its_entry_point(
     assert made["acme"].name == "acme" and made["acme"].options == {"region": "eu"}
 
 
+def test_the_email_connector_is_its_own_installed_distribution_found_by_entry_point() -> None:
+    for group in (plugins.GROUP, plugins.RESOLVERS):
+        point = plugins.installed(group)["email"]
+        assert point.dist is not None and point.dist.name == "agentledger-email"
+        assert point.value.startswith("agentledger_email:")
+    made = plugins.load({"email": {"smtp_host": "127.0.0.1", "smtp_port": 25,
+                                   "sender": "a@acme.test", "lookup_url": "http://127.0.0.1:1"}})
+    assert type(made["email"]).__module__ == "agentledger_email"
+    assert made["email"].contract.idempotency == "none" and made["email"].contract.lookup
+
+
 def test_a_factory_named_in_the_configuration_needs_no_entry_point(distribution: Path) -> None:
     made = plugins.load({"other": {"factory": "acme_connector:make_other", "x": 1}})
     assert made["other"].options == {"x": 1}  # the factory reference is not an option
@@ -192,6 +203,8 @@ def test_the_connectors_setting_is_read_from_the_environment(
 
 # Modules of the connector SDK itself; any other agentledger.connectors.* is a connector.
 SDK = {"agentledger.connectors", "agentledger.connectors.base", "agentledger.connectors.plugins"}
+# Connectors distributed outside the library, by their import names.
+OUTSIDE = {"agentledger_email"}
 # Resolvers and retrievers offered as plugins outside the connectors package.
 PLUGIN_MODULES = {"agentledger.resources.crm", "agentledger.planning.retrieval.CrmRetriever"}
 
@@ -217,6 +230,7 @@ def test_no_service_or_library_module_imports_a_connector() -> None:
     offenders = {
         str(p.relative_to(root)): sorted(n for n in _imports(p)
                                          if (n.startswith("agentledger.connectors.")
-                                             and n not in SDK) or n in PLUGIN_MODULES)
+                                             and n not in SDK) or n in PLUGIN_MODULES
+                                         or n.split(".")[0] in OUTSIDE)
         for p in sources}
     assert {p: n for p, n in offenders.items() if n} == {}

@@ -92,8 +92,11 @@ ActionName = Annotated[
     str, StringConstraints(max_length=64, pattern=r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
 ]
 ConnectorName = Annotated[str, StringConstraints(max_length=32, pattern=r"^[a-z][a-z0-9_]*$")]
+# A target in its connector's terms: a record id, a path, an e-mail address ('@', '+').
+# Never a space, quote, bracket or line break: it goes into URLs and headers as it is.
 ResourceId = Annotated[
-    str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+    str, StringConstraints(min_length=1, max_length=128,
+                           pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]*$")
 ]
 # Printable ASCII without spaces: covers ETags (quotes, W/ prefix) and numeric versions.
 Revision = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[!-~]+$")]

@@ -1,0 +1,108 @@
+"""The e-mail connector, an outside distribution, against a real SMTP server (Mailpit).
+
+Its declared contract is checked for real: a message carries the operation id as its
+Message-ID, a lookup finds it, and an answer lost after the server accepted the message is
+``InDoubt`` — then settled by the lookup, with exactly one message on the server.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from agentledger import errors
+from agentledger.connectors import Applied, Call, InDoubt, NotFound, NotSent, Refused, plugins
+from tests import mailpit
+
+TENANT = uuid.uuid4()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[mailpit.Mailpit]:
+    with mailpit.running("--smtp-allowed-recipients", r"@(example\.com|example\.org)>?$") as found:
+        yield found
+
+
+def options(server: mailpit.Mailpit, port: int | None = None) -> dict[str, object]:
+    return {"smtp_host": "127.0.0.1", "smtp_port": port or server.smtp_port,
+            "sender": "agent@acme.test", "lookup_url": server.http_url, "timeout_s": 5,
+            "recipient_domains": ["example.com"]}
+
+
+def call(to: str = "ada@example.com", subject: str = "Your refund") -> Call:
+    return Call(TENANT, uuid.uuid4(), "email.send", to,
+                {"subject": subject, "body": "It is on its way.\n.\nRegards"}, None)
+
+
+def make(server: mailpit.Mailpit, port: int | None = None):  # type: ignore[no-untyped-def]
+    return plugins.load({"email": options(server, port)})["email"]
+
+
+async def test_a_sent_message_carries_the_operation_id_and_is_found_by_lookup(
+    server: mailpit.Mailpit,
+) -> None:
+    connector = make(server)
+    c = call()
+    try:
+        sent = await connector.execute(c, "")
+        assert sent == Applied(receipt=f"email:{c.operation_id}@agentledger")
+        held = server.messages(f"{c.operation_id}@agentledger")
+        assert len(held) == 1
+        assert held[0]["Subject"] == "Your refund"
+        assert [t["Address"] for t in held[0]["To"]] == ["ada@example.com"]  # type: ignore[index]
+        assert await connector.lookup(c, "") == sent
+        assert isinstance(await connector.lookup(call(), ""), NotFound)  # never sent
+    finally:
+        await connector.aclose()
+
+
+async def test_an_answer_lost_after_acceptance_is_in_doubt_and_the_lookup_settles_it(
+    server: mailpit.Mailpit,
+) -> None:
+    proxy = mailpit.AnswerLost(server.smtp_port)
+    connector = make(server, proxy.port)
+    c = call(subject="Lost answer")
+    try:
+        sent = await connector.execute(c, "")
+        assert proxy.dropped.is_set()  # the server accepted it, and its answer was dropped
+        assert isinstance(sent, InDoubt), sent
+        assert len(server.messages(f"{c.operation_id}@agentledger")) == 1
+        assert await connector.lookup(c, "") == Applied(
+            receipt=f"email:{c.operation_id}@agentledger")
+    finally:
+        proxy.close()
+        await connector.aclose()
+
+
+async def test_a_refused_recipient_and_an_unreachable_server_send_nothing(
+    server: mailpit.Mailpit,
+) -> None:
+    connector = make(server)
+    c = call(to="eve@elsewhere.test")
+    try:
+        refused = await connector.execute(c, "")
+        assert isinstance(refused, Refused) and refused.status >= 500, refused
+        assert server.messages(f"{c.operation_id}@agentledger") == []
+    finally:
+        await connector.aclose()
+    nowhere = make(server, mailpit.free_port())  # nothing listens there
+    try:
+        assert isinstance(await nowhere.execute(call(), ""), NotSent)
+    finally:
+        await nowhere.aclose()
+
+
+async def test_the_resolver_admits_recipients_of_the_configured_domains_only(
+    server: mailpit.Mailpit,
+) -> None:
+    routed = plugins.resolver({"email": options(server)}, {"email": {str(TENANT): "read"}})
+    found = await routed.resolve(TENANT, "email", "ada@example.com")
+    assert (found.resource_id, found.revision) == ("ada@example.com", None)
+    for target in ("eve@elsewhere.test", "ada@example.com\r\nBcc: x@example.com",
+                   "not-an-address", "a@b@example.com"):
+        with pytest.raises(errors.ResourceNotFound):
+            await routed.resolve(TENANT, "email", target)
+    with pytest.raises(errors.ResourceNotFound):  # a tenant without a read token: nothing
+        await routed.resolve(uuid.uuid4(), "email", "ada@example.com")
