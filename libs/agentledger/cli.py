@@ -19,6 +19,7 @@ from agentledger import (
     cli_approvals,
     cli_config,
     cli_eval,
+    cli_mcp,
     cli_principals,
     errors,
     migrations,
@@ -104,6 +105,7 @@ app.command("check-config")(cli_config.check_config)
 app.add_typer(cli_approvals.app, name="approvals")
 app.add_typer(cli_principals.app, name="principals")
 app.command("eval")(cli_eval.eval_command)
+app.command("mcp")(cli_mcp.mcp)
 
 reconcile_app = typer.Typer(no_args_is_help=True, help="Resolve commands whose outcome is unknown.")
 app.add_typer(reconcile_app, name="reconcile")

@@ -1,0 +1,59 @@
+"""Which idempotency key a tool call is proposed under: a retried call is the same operation.
+
+Ingress derives the operation id from (tenant, principal, idempotency key)
+(:func:`agentledger.identity.derive_operation_id`), so the key fixes the operation:
+
+- a key the client sends in the call's ``_meta`` under ``META_KEY``
+  (``"agentledger/idempotency_key"``) is used verbatim: a client that means two identical
+  calls to be two operations gives them two keys;
+- without one, the key is ``"mcp1-"`` + hex SHA-256 of the RFC 8785 canonical JSON of
+  ``{"principal": <principal id>, "tool": <tool name>, "arguments": <the whole tool input>}``:
+  the same principal calling the same tool with the same input always names the same
+  operation (a retry after a lost answer, by the client or by the model, never acts twice),
+  and another principal, tool or input never collides with it. Identical calls are one
+  operation, on purpose; the key format is versioned (``mcp1``) so the derivation can change
+  without old keys aliasing new ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+from agentledger import canonical, errors
+
+META_KEY: Final = "agentledger/idempotency_key"
+DERIVED_PREFIX: Final = "mcp1-"
+# What ingress accepts in its Idempotency-Key header (services/ingress/handlers.KEY_PATTERN).
+_KEY: Final = re.compile(r"^[A-Za-z0-9._:~-]{1,255}$")
+
+
+def derived_key(principal_id: str, tool: str, tool_input: Mapping[str, Any]) -> str:
+    """The key of a call without one in ``_meta`` (see the module docstring).
+
+    Raises:
+        errors.ValidationFailed: The input has no canonical JSON form (e.g. a NaN).
+    """
+    digest = hashlib.sha256(canonical.canonical_bytes(
+        {"principal": principal_id, "tool": tool, "arguments": dict(tool_input)})).hexdigest()
+    return DERIVED_PREFIX + digest
+
+
+def key_for(meta: Mapping[str, Any] | None, principal_id: str, tool: str,
+            tool_input: Mapping[str, Any]) -> str:
+    """The idempotency key of a tool call: the client's from ``_meta``, else derived.
+
+    Raises:
+        errors.ValidationFailed: The ``_meta`` key is not 1-255 characters of
+            ``A-Z a-z 0-9 . _ : ~ -`` (what ingress accepts), or the input has no canonical
+            JSON form.
+    """
+    given = (meta or {}).get(META_KEY)
+    if given is None:
+        return derived_key(principal_id, tool, tool_input)
+    if not isinstance(given, str) or not _KEY.fullmatch(given):
+        raise errors.ValidationFailed(
+            f"_meta[{META_KEY!r}] must be 1-255 characters of A-Z a-z 0-9 . _ : ~ -")
+    return given

@@ -1,0 +1,313 @@
+"""The MCP server (`agentledger mcp`) in front of the real pipeline (issue 21 item 5).
+
+Real services as processes over the shared Kafka and PostgreSQL: ingress, admission, relay,
+executors, reconciler, the CRM stand-in; the MCP server as its own process, reached with the
+official `mcp` SDK's client over streamable HTTP and, started by that client, over stdio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import mcp_types as types
+import psycopg2
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from agentledger import client as client_mod
+from agentledger import identity
+from agentledger.mcp import auth, idempotency
+from tests.e2e.pipeline import Pipeline, pipeline
+from tests.helpers import wait_until
+from tests.integration import processes
+from tests.stack import Stack
+
+ACTIONS = {"crm.note.create", "crm.contact.update", "billing.refund.create"}
+STATUS = "agentledger_status"
+CONSOLE = "http://console.example.test"
+# Long enough for admission + dispatch on a loaded CI machine (a second or two normally),
+# short enough that asking about a still-pending approval returns soon.
+WAIT_S = 20
+
+
+@pytest.fixture(scope="module")
+def world(stack: Stack, database_url: str, make_database: Callable[[], str],
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pipeline, str, dict[str, str]]]:
+    logs = tmp_path_factory.mktemp("mcp")
+    with pipeline(stack.kafka_bootstrap, database_url, make_database(), logs, ingress=True) as p:
+        assert p.sessions is not None and p.ingress_url
+        port = processes.free_port()
+        env = {"AGENTLEDGER_KAFKA_BOOTSTRAP": p.bootstrap,
+               "AGENTLEDGER_MCP_INGRESS_URL": p.ingress_url,
+               "AGENTLEDGER_MCP_ADMISSIONS_TOPIC": p.topic("agent.admissions.v1"),
+               "AGENTLEDGER_MCP_OUTCOMES_TOPIC": p.topic("agent.outcomes.v1"),
+               "AGENTLEDGER_MCP_CONSOLE_URL": CONSOLE,
+               "AGENTLEDGER_MCP_WAIT_S": str(WAIT_S),
+               "AGENTLEDGER_MCP_SESSION_KEYS": json.dumps({p.sessions.kid: p.sessions.public_pem}),
+               "AGENTLEDGER_MCP_SESSION_ISSUER": p.sessions.issuer,
+               "AGENTLEDGER_MCP_SESSION_AUDIENCE": p.sessions.audience}
+        with processes.running("agentledger.mcp", {
+                **env, "AGENTLEDGER_MCP_TRANSPORT": "http", "AGENTLEDGER_MCP_PORT": str(port)},
+                logs / "mcp.log", ready=processes.http_ok(f"http://127.0.0.1:{port}/healthz")):
+            yield p, f"http://127.0.0.1:{port}/mcp", env
+
+
+def _token(p: Pipeline, principal: str = "user:alice", roles: list[str] | None = None) -> str:
+    assert p.sessions is not None
+    return p.sessions.issue(p.tenant, principal, ["user"] if roles is None else roles)
+
+
+@asynccontextmanager
+async def _http(url: str, token: str | None) -> AsyncIterator[Client]:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    # The read bound covers a call's whole wait (WAIT_S) with margin.
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120)) as h, \
+            Client(streamable_http_client(url, http_client=h)) as mcp:
+        yield mcp
+
+
+def _stdio(env: dict[str, str], token: str) -> Client:
+    return Client(StdioServerParameters(
+        command=sys.executable, args=["-m", "agentledger.mcp"], cwd=str(Path.cwd()),
+        env={**os.environ, **env, "AGENTLEDGER_MCP_TRANSPORT": "stdio",
+             "AGENTLEDGER_MCP_TOKEN": token}))
+
+
+def _mcp_error(exc: BaseException) -> MCPError | None:
+    if isinstance(exc, MCPError):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        found = _mcp_error(inner)
+        if found is not None:
+            return found
+    return None
+
+
+async def _refused(connect: Callable[[], Any], act: Callable[[Client], Awaitable[object]]
+                   ) -> MCPError:
+    """The MCP error `act` ends with (the SDK raises it inside task groups)."""
+    try:
+        async with connect() as mcp:
+            await act(mcp)
+    except BaseException as exc:  # an ExceptionGroup around the MCPError
+        found = _mcp_error(exc)
+        assert found is not None, repr(exc)
+        return found
+    raise AssertionError("the call was not refused")
+
+
+def _answer(result: types.CallToolResult) -> dict[str, Any]:
+    assert isinstance(result.structured_content, dict), result
+    return result.structured_content
+
+
+def _effects(p: Pipeline, kind: str, op: str) -> list[dict[str, Any]]:
+    return [e for e in asyncio.run(p.crm.effects(p.tenant))
+            if e["kind"] == kind and e.get("idempotency_key") == op]
+
+
+def _refunds(p: Pipeline, invoice: str) -> list[str]:
+    conn = psycopg2.connect(p.crm.database_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT refund_id FROM crm_refund WHERE tenant_id = %s AND invoice_id = %s",
+                        (p.tenant, invoice))
+            return [str(row[0]) for row in cur.fetchall()]
+    finally:
+        conn.close()
+
+
+def _note(p: Pipeline, body: str) -> dict[str, Any]:
+    return {"customer_id": p.customer, "body": body, "target": p.customer}
+
+
+def test_tools_list_shows_what_the_callers_roles_may_propose(world: tuple[Pipeline, str, dict[str, str]]) -> None:
+    p, url, _ = world
+
+    async def listed(token: str) -> dict[str, types.Tool]:
+        async with _http(url, token) as mcp:
+            return {t.name: t for t in (await mcp.list_tools()).tools}
+
+    user = asyncio.run(listed(_token(p)))
+    assert ACTIONS | {STATUS} <= set(user)
+    update = user["crm.contact.update"].input_schema
+    assert update["additionalProperties"] is False
+    assert {"customer_id", "changes", "target", "expected_revision"} <= set(update["required"])
+    note = user["crm.note.create"].input_schema
+    assert "expected_revision" not in note["properties"] and "target" in note["required"]
+    assert "approve" in (user["billing.refund.create"].description or "")
+    # No role that may request anything (none at all, or an approver's): only the status tool.
+    assert set(asyncio.run(listed(_token(p, "user:nobody", [])))) == {STATUS}
+    assert set(asyncio.run(listed(_token(p, "user:bob", ["approver"])))) == {STATUS}
+
+    # And a call of a tool it does not see is an MCP error: nothing proposed.
+    nobody = _token(p, "user:nobody", [])
+    error = asyncio.run(_refused(lambda: _http(url, nobody), lambda mcp: mcp.call_tool(
+        "crm.note.create", _note(p, "from nobody"))))
+    assert error.code == types.INVALID_PARAMS
+    key = idempotency.derived_key("user:nobody", "crm.note.create", _note(p, "from nobody"))
+    assert p.state(client_mod.operation_id_for(nobody, key)) is None
+
+
+def test_a_note_succeeds_with_its_receipt_and_one_effect(world: tuple[Pipeline, str, dict[str, str]]) -> None:
+    p, url, _ = world
+
+    async def call() -> dict[str, Any]:
+        async with _http(url, _token(p)) as mcp:
+            result = await mcp.call_tool("crm.note.create", _note(p, f"note {uuid.uuid4()}"))
+            assert result.is_error is False
+            return _answer(result)
+    answer = asyncio.run(call())
+    assert answer["status"] == "succeeded", answer
+    assert answer["receipt"].startswith("crm:note:")
+    op = answer["operation_id"]
+    assert p.state(uuid.UUID(op)) == ("succeeded", answer["receipt"])
+    assert len(_effects(p, "note.created", op)) == 1
+
+    # Aimed at one record, writing to another: admission rejects it, and the answer says so.
+    async def astray() -> types.CallToolResult:
+        async with _http(url, _token(p)) as mcp:
+            return await mcp.call_tool("crm.note.create", {**_note(p, "astray"), "target": "c-elsewhere"})
+    result = asyncio.run(astray())
+    rejected = _answer(result)
+    assert result.is_error is True and rejected["status"] == "rejected", rejected
+    assert rejected["code"] == "invalid_arguments" and "receipt" not in rejected
+    assert p.state(uuid.UUID(rejected["operation_id"])) is None
+
+
+def test_five_retries_of_one_call_are_one_operation_and_one_effect(world: tuple[Pipeline, str, dict[str, str]]) -> None:
+    p, url, _ = world
+    token, key = _token(p), f"mcp-retry-{uuid.uuid4().hex}"
+    arguments = _note(p, f"once {uuid.uuid4()}")
+
+    async def calls() -> list[dict[str, Any]]:
+        async with _http(url, token) as mcp:
+            first = _answer(await mcp.call_tool("crm.note.create", arguments,
+                                                meta={idempotency.META_KEY: key}))
+            # Four more at once, as a client retrying after lost answers might.
+            again = await asyncio.gather(*[mcp.call_tool(
+                "crm.note.create", arguments, meta={idempotency.META_KEY: key}) for _ in range(4)])
+            return [first, *[_answer(r) for r in again]]
+    answers = asyncio.run(calls())
+    op = str(client_mod.operation_id_for(token, key))
+    assert [a["operation_id"] for a in answers] == [op] * 5
+    assert {a["status"] for a in answers} == {"succeeded"}, answers
+    assert len({a["receipt"] for a in answers}) == 1
+    assert {a["idempotency_key"] for a in answers} == {key}
+    assert len(_effects(p, "note.created", op)) == 1
+
+    # Without a key the call derives one: a retry with the same input is the same operation.
+    async def derived() -> list[dict[str, Any]]:
+        async with _http(url, token) as mcp:
+            body = _note(p, f"derived {uuid.uuid4()}")
+            return [_answer(await mcp.call_tool("crm.note.create", body)) for _ in range(2)]
+    one, two = asyncio.run(derived())
+    assert one["operation_id"] == two["operation_id"] and one["status"] == two["status"] == "succeeded"
+    assert one["idempotency_key"].startswith(idempotency.DERIVED_PREFIX)
+    assert len(_effects(p, "note.created", one["operation_id"])) == 1
+
+
+def test_a_refund_waits_for_approval_then_the_status_tool_says_succeeded(world: tuple[Pipeline, str, dict[str, str]]) -> None:
+    p, url, _ = world
+    token = _token(p)
+    refund = {"customer_id": p.customer, "invoice_id": f"inv-{uuid.uuid4().hex[:8]}",
+              "amount_minor": 1999, "currency": "EUR", "reason": "double charge", "target": p.customer}
+
+    async def propose() -> types.CallToolResult:
+        async with _http(url, token) as mcp:
+            return await mcp.call_tool("billing.refund.create", refund)
+    result = asyncio.run(propose())
+    pending = _answer(result)
+    assert result.is_error is False and pending["status"] == "pending_approval", pending
+    op, approval = uuid.UUID(pending["operation_id"]), pending["approval_id"]
+    assert pending["approval_url"] == f"{CONSOLE}/approvals/{approval}"
+    assert p.pending_approval(op) and p.state(op) is None, "nothing admitted before the decision"
+
+    p.approve(op)  # user:fiona, finance, through the approvals repository and the policy
+
+    async def status() -> dict[str, Any]:
+        async with _http(url, token) as mcp:
+            return _answer(await mcp.call_tool(STATUS, {"operation_id": str(op)}))
+    seen: list[dict[str, Any]] = []
+
+    def succeeded() -> bool:
+        # Each question waits up to WAIT_S on the server for the outcome: no sleep here.
+        seen.append(asyncio.run(status()))
+        return bool(seen[-1]["status"] == "succeeded")
+    assert wait_until(succeeded, timeout=120, interval=0), seen
+    assert seen[-1]["receipt"] and seen[-1]["operation_id"] == str(op)
+    assert all(s["status"] in ("pending_approval", "in_progress", "succeeded") for s in seen), seen
+    # Refunds carry no key (never deduped): the CRM's own rows for this invoice are the proof.
+    assert _refunds(p, str(refund["invoice_id"])) == [seen[-1]["receipt"].removeprefix("crm:refund:")]
+
+
+def test_an_invalid_token_is_refused_and_nothing_is_proposed(world: tuple[Pipeline, str, dict[str, str]]) -> None:
+    p, url, env = world
+    other_private, _ = identity.generate_keypair("EdDSA")
+    assert p.sessions is not None
+    forged = identity.issue_session(other_private, p.sessions.kid, tenant_id=uuid.UUID(p.tenant),
+                                    subject="user:alice", audience=p.sessions.audience,
+                                    issuer=p.sessions.issuer, roles=["user"])
+    body = _note(p, f"forged {uuid.uuid4()}")
+    for token in (forged, None, "not-a-jwt"):
+        listed = asyncio.run(_refused(lambda t=token: _http(url, t), lambda mcp: mcp.list_tools()))
+        called = asyncio.run(_refused(lambda t=token: _http(url, t),
+                                      lambda mcp: mcp.call_tool("crm.note.create", body)))
+        assert listed.code == called.code == auth.UNAUTHENTICATED
+    key = idempotency.derived_key("user:alice", "crm.note.create", body)
+    assert p.state(client_mod.operation_id_for(forged, key)) is None
+    # Over stdio the configured token is checked the same way.
+    over_stdio = asyncio.run(_refused(lambda: _stdio(env, forged), lambda mcp: mcp.list_tools()))
+    assert over_stdio.code == auth.UNAUTHENTICATED
+
+
+def test_stdio_lists_and_proposes_with_the_configured_token(world: tuple[Pipeline, str, dict[str, str]]) -> None:
+    p, _, env = world
+    token = _token(p)
+
+    async def session() -> tuple[set[str], dict[str, Any], dict[str, Any]]:
+        async with _stdio(env, token) as mcp:
+            names = {t.name for t in (await mcp.list_tools()).tools}
+            done = _answer(await mcp.call_tool("crm.note.create", _note(p, f"stdio {uuid.uuid4()}")))
+            # Refused before it is proposed: the input breaks the action's closed schema.
+            bad = await mcp.call_tool("crm.note.create", {"customer_id": p.customer, "target": p.customer})
+            assert bad.is_error is True
+            return names, done, _answer(bad)
+    names, done, bad = asyncio.run(session())
+    assert ACTIONS | {STATUS} <= names
+    assert done["status"] == "succeeded" and done["receipt"].startswith("crm:note:"), done
+    assert len(_effects(p, "note.created", done["operation_id"])) == 1
+    assert bad["status"] == "refused" and bad["code"] == "invalid_arguments", bad
+    assert "operation_id" not in bad
+
+
+def test_the_status_tool_of_another_process_reads_the_topics_within_the_tenant(world: tuple[Pipeline, str, dict[str, str]]) -> None:
+    p, url, env = world
+    token = _token(p)
+
+    async def over_http() -> dict[str, Any]:
+        async with _http(url, token) as mcp:
+            return _answer(await mcp.call_tool("crm.note.create", _note(p, f"asked {uuid.uuid4()}")))
+    done = asyncio.run(over_http())
+    assert done["status"] == "succeeded", done
+
+    async def ask(token: str) -> dict[str, Any]:
+        # A fresh stdio process never submitted it: it reads the answers from the topics.
+        async with _stdio(env, token) as mcp:
+            return _answer(await mcp.call_tool(STATUS, {"operation_id": done["operation_id"]}))
+    assert asyncio.run(ask(token)) == {"status": "succeeded", "operation_id": done["operation_id"],
+                                       "receipt": done["receipt"]}
+    assert p.sessions is not None
+    stranger = p.sessions.issue(str(uuid.uuid4()), "user:alice", ["user"])
+    assert asyncio.run(ask(stranger)) == {"status": "not_found", "operation_id": done["operation_id"]}
