@@ -26,15 +26,16 @@ fi
 VENV="$ROOT/.venv"
 # Extras to install: `dev` (tests, lint) always; `make bench` adds `bench` (DBOS, psutil…).
 EXTRAS="${AGENTLEDGER_EXTRAS:-dev}"
-HASH="$(cat "$ROOT/pyproject.toml" "$ROOT/libs/agentledger-email/pyproject.toml" | sha256sum | cut -c1-16)"
+HASH="$(cat "$ROOT/pyproject.toml" "$ROOT"/libs/agentledger-*/pyproject.toml | sha256sum | cut -c1-16)"
 STAMP="$VENV/.installed-$HASH-${EXTRAS//,/+}"
 if [ ! -f "$STAMP" ]; then
   log "installing the Python environment in .venv (extras: $EXTRAS)"
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip >&2
   "$VENV/bin/pip" install -q -e "$ROOT[$EXTRAS]" >&2
-  # A connector outside the library, installed as its own distribution (found by entry point).
-  "$VENV/bin/pip" install -q -e "$ROOT/libs/agentledger-email" >&2
+  # Connectors outside the library, each installed as its own distribution (found by entry
+  # point): e-mail over SMTP, and the declarative HTTP connector.
+  "$VENV/bin/pip" install -q -e "$ROOT/libs/agentledger-email" -e "$ROOT/libs/agentledger-http" >&2
   # Stamps of an older pyproject.toml are stale; every extras set includes `dev`.
   find "$VENV" -maxdepth 1 -name '.installed-*' ! -name ".installed-$HASH-*" -delete
   touch "$STAMP" "$VENV/.installed-$HASH-dev"

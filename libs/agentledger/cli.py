@@ -18,6 +18,7 @@ from rich.markup import escape
 from agentledger import (
     cli_approvals,
     cli_config,
+    cli_connector,
     cli_eval,
     cli_mcp,
     cli_principals,
@@ -102,6 +103,7 @@ def demo(
 
 
 app.command("check-config")(cli_config.check_config)
+app.add_typer(cli_connector.app, name="connector")
 app.add_typer(cli_approvals.app, name="approvals")
 app.add_typer(cli_principals.app, name="principals")
 app.command("eval")(cli_eval.eval_command)

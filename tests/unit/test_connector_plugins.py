@@ -98,11 +98,18 @@ def test_an_installed_distributions_connector_is_found_by_its_entry_point(
     assert made["acme"].name == "acme" and made["acme"].options == {"region": "eu"}
 
 
-def test_the_email_connector_is_its_own_installed_distribution_found_by_entry_point() -> None:
+@pytest.mark.parametrize("name,dist", [("email", "agentledger-email"),
+                                       ("http", "agentledger-http")])
+def test_the_outside_connectors_are_installed_distributions_found_by_entry_point(
+    name: str, dist: str,
+) -> None:
     for group in (plugins.GROUP, plugins.RESOLVERS):
-        point = plugins.installed(group)["email"]
-        assert point.dist is not None and point.dist.name == "agentledger-email"
-        assert point.value.startswith("agentledger_email:")
+        point = plugins.installed(group)[name]
+        assert point.dist is not None and point.dist.name == dist
+        assert point.value.startswith(f"{dist.replace('-', '_')}:")
+
+
+def test_the_email_connector_is_made_from_its_own_distribution() -> None:
     made = plugins.load({"email": {"smtp_host": "127.0.0.1", "smtp_port": 25,
                                    "sender": "a@acme.test", "lookup_url": "http://127.0.0.1:1"}})
     assert type(made["email"]).__module__ == "agentledger_email"
@@ -202,9 +209,10 @@ def test_the_connectors_setting_is_read_from_the_environment(
 
 
 # Modules of the connector SDK itself; any other agentledger.connectors.* is a connector.
-SDK = {"agentledger.connectors", "agentledger.connectors.base", "agentledger.connectors.plugins"}
+SDK = {"agentledger.connectors", "agentledger.connectors.base", "agentledger.connectors.plugins",
+       "agentledger.connectors.conformance", "agentledger.connectors.pytest_plugin"}
 # Connectors distributed outside the library, by their import names.
-OUTSIDE = {"agentledger_email"}
+OUTSIDE = {"agentledger_email", "agentledger_http"}
 # Resolvers and retrievers offered as plugins outside the connectors package.
 PLUGIN_MODULES = {"agentledger.resources.crm", "agentledger.planning.retrieval.CrmRetriever"}
 

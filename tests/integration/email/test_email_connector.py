@@ -9,11 +9,21 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from agentledger import errors
-from agentledger.connectors import Applied, Call, InDoubt, NotFound, NotSent, Refused, plugins
+from agentledger.connectors import (
+    Applied,
+    Call,
+    InDoubt,
+    NotFound,
+    NotSent,
+    Refused,
+    conformance,
+    plugins,
+)
 from tests import mailpit
 
 TENANT = uuid.uuid4()
@@ -106,3 +116,19 @@ async def test_the_resolver_admits_recipients_of_the_configured_domains_only(
             await routed.resolve(TENANT, "email", target)
     with pytest.raises(errors.ResourceNotFound):  # a tenant without a read token: nothing
         await routed.resolve(uuid.uuid4(), "email", "ada@example.com")
+
+
+async def test_the_conformance_kit_finds_mailpit_keeps_the_declared_contract(
+    server: mailpit.Mailpit, connector_conformance: Any,
+) -> None:
+    connector = make(server)
+    try:
+        found = await connector_conformance(conformance.Endpoint(
+            connector=connector, tenant_id=TENANT, write_token="", lookup_token="",
+            sample=conformance.Sample("email.send", "ada@example.com",
+                                      {"subject": "Conformance", "body": "once"})))
+    finally:
+        await connector.aclose()
+    assert {f.claim: f.holds for f in found} == {
+        "applies": True, "lookup_finds": True, "lookup_not_found": True,
+        "dedupes": None, "if_match": None, "fencing": None}  # `none`: never resent

@@ -1,0 +1,86 @@
+"""``agentledger connector test``: the conformance kit against a real endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Annotated, Any
+
+import typer
+from pydantic import TypeAdapter, ValidationError
+from rich.console import Console
+
+from agentledger import errors, settings
+from agentledger.connectors import conformance, plugins
+
+app = typer.Typer(no_args_is_help=True, help="Connectors: check one against its endpoint.")
+console = Console()
+_OBJECT = TypeAdapter(dict[str, Any])
+
+
+class _Configured(settings.PolicySources):
+    connectors: settings.ConnectorOptions = None
+
+
+def _json(name: str, text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        return _OBJECT.validate_json(text)
+    except ValidationError as exc:
+        console.print(f"[red]{name}[/red] is not a JSON object: {exc.errors()[0]['msg']}")
+        raise typer.Exit(2) from exc
+
+
+@app.command("test")
+def test_cmd(
+    name: Annotated[str, typer.Argument(help="The connector's name (its entry point)")],
+    tenant: Annotated[uuid.UUID, typer.Option(help="A test tenant the tokens write in")],
+    action: Annotated[str, typer.Option(help="The sample call's action")],
+    target: Annotated[str, typer.Option(help="The sample call's target")],
+    arguments: Annotated[str, typer.Option(help="The sample call's arguments (JSON)")] = "{}",
+    url: Annotated[str | None, typer.Option(help="The endpoint (option 'url')")] = None,
+    options: Annotated[str | None, typer.Option(
+        help="The connector's options (JSON); default: its AGENTLEDGER_CONNECTORS entry")] = None,
+    token: Annotated[str, typer.Option(help="A write-scoped token", envvar=
+                                       "AGENTLEDGER_CONNECTOR_TEST_TOKEN")] = "",
+    lookup_token: Annotated[str | None, typer.Option(help="A lookup-scoped token (default: "
+                                                     "the write token)")] = None,
+    revision: Annotated[str | None, typer.Option(help="The target's current revision")] = None,
+    stale_revision: Annotated[str | None, typer.Option(
+        help="A revision of the target that is NOT current: checks If-Match")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the findings as JSON")] = False,
+) -> None:
+    """Check every claim of the connector's declared contract against the real endpoint
+    (it writes there: use a test tenant). Exit 1 when a claim does not hold."""
+    found = _json("--options", options) if options is not None else dict(
+        (_Configured().connectors or {}).get(name, {}))
+    if url is not None:
+        found["url"] = url
+    try:
+        connector = plugins.make(name, found)
+    except errors.ConfigurationError as exc:
+        console.print(f"[red]{exc.code}[/red]: {exc.message}", highlight=False)
+        raise typer.Exit(2) from exc
+    endpoint = conformance.Endpoint(
+        connector=connector, tenant_id=tenant, write_token=token,
+        lookup_token=lookup_token if lookup_token is not None else token,
+        sample=conformance.Sample(action, target, _json("--arguments", arguments), revision),
+        stale_revision=stale_revision)
+
+    async def run() -> list[conformance.Finding]:
+        try:
+            return await conformance.check(endpoint)
+        finally:
+            await connector.aclose()
+
+    findings = asyncio.run(run())
+    if as_json:
+        print(json.dumps([vars(f) for f in findings], indent=2))
+    else:
+        for f in findings:
+            mark = {True: "[green]holds[/green]", False: "[red]FAILS[/red]",
+                    None: "[dim]not checked[/dim]"}[f.holds]
+            console.print(f"{mark:>24}  {f.claim}: {f.detail}", highlight=False)
+    raise typer.Exit(1 if conformance.failed(findings) else 0)

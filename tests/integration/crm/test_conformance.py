@@ -1,0 +1,141 @@
+"""The conformance kit against real endpoints: the CRM stand-in through its built-in
+connector and through the declarative HTTP connector (configuration only), and a
+deliberately broken endpoint whose broken claims the kit must name."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from typer.testing import CliRunner
+
+from agentledger import cli
+from agentledger.connectors import conformance, plugins
+from tests.integration.crm.conftest import Crm
+
+
+def declared(url: str) -> dict[str, Any]:
+    """The CRM's note API declared for agentledger-http: no code, only configuration."""
+    return {
+        "factory": "agentledger_http:connector", "resolver_factory": "agentledger_http:resolver",
+        "name": "crmhttp", "base_url": url,
+        "contract": {"idempotency": "keyed", "lookup": True, "retention_s": 86400,
+                     "call_timeout_s": 10},
+        "actions": {"crm.note.create": {"path": "/v1/customers/{target}/notes",
+                                        "body": {"body": "$arguments.body"}, "if_match": True,
+                                        "receipt": "crm:note:{response.note_id}"}},
+        "lookup": {"path": "/v1/operations/{key}",
+                   "applied_when": {"field": "status", "in": [200, 201]},
+                   # The CRM's lookup wraps the original answer (the kit caught a
+                   # declaration that read the receipt from the top level).
+                   "receipt": "crm:note:{response.response.note_id}"},
+        "resolve": {"path": "/v1/customers/{target}", "revision_field": "revision"},
+        "fencing": {}}
+
+
+def endpoint(connector: Any, token: str, customer: str) -> conformance.Endpoint:
+    return conformance.Endpoint(
+        connector=connector, tenant_id=uuid.uuid4(), write_token=token, lookup_token=token,
+        sample=conformance.Sample("crm.note.create", customer,
+                                  {"customer_id": customer, "body": "conformance"}),
+        stale_revision="999")
+
+
+def outcome(findings: list[conformance.Finding]) -> dict[str, bool | None]:
+    return {f.claim: f.holds for f in findings}
+
+
+ALL_HOLD = {"applies": True, "dedupes": True, "lookup_finds": True, "lookup_not_found": True,
+            "if_match": True, "fencing": True}
+
+
+async def test_the_crm_keeps_its_declared_contract(crm: Crm) -> None:
+    tenant = await crm.new_tenant()
+    connector = plugins.make("crm", {"url": crm.url})
+    try:
+        found = await conformance.check(endpoint(connector, tenant.token, tenant.customer_id))
+    finally:
+        await connector.aclose()
+    assert outcome(found) == ALL_HOLD, found
+    notes = [e for e in await crm.effects(tenant.tenant_id) if e["kind"] == "note.created"]
+    assert len(notes) == 2  # the sample (sent twice, one effect) and the fencing write
+
+
+async def test_the_declarative_http_connector_keeps_the_crms_contract(
+    crm: Crm, connector_conformance: Any,
+) -> None:
+    tenant = await crm.new_tenant()
+    connector = plugins.make("crmhttp", declared(crm.url))
+    assert connector.contract.idempotency == "keyed" and connector.contract.fencing
+    try:
+        found = await connector_conformance(endpoint(connector, tenant.token,
+                                                     tenant.customer_id))
+    finally:
+        await connector.aclose()
+    assert outcome(found) == ALL_HOLD, found
+    resolver = plugins.resolver({"crmhttp": declared(crm.url)},
+                                {"crmhttp": {str(uuid.UUID(int=1)): tenant.token}})
+    try:
+        resolved = await resolver.resolve(uuid.UUID(int=1), "crmhttp", tenant.customer_id)
+        assert resolved.revision is not None and int(resolved.revision) >= 1
+    finally:
+        await resolver.aclose()
+
+
+@pytest.fixture
+async def broken() -> AsyncIterator[str]:
+    """A notes API that claims what the CRM does but ignores the key, If-Match and fencing,
+    and whose lookup never finds anything."""
+    async def note(request: web.Request) -> web.Response:
+        return web.json_response({"note_id": uuid.uuid4().hex}, status=201)
+
+    async def operation(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"code": "not_found"}}, status=404)
+
+    app = web.Application()
+    app.router.add_post("/v1/customers/{customer}/notes", note)
+    app.router.add_get("/v1/operations/{key}", operation)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_the_kit_names_every_claim_a_broken_endpoint_does_not_keep(broken: str) -> None:
+    connector = plugins.make("crmhttp", declared(broken))
+    try:
+        found = await conformance.check(endpoint(connector, "t", "c-1"))
+    finally:
+        await connector.aclose()
+    assert outcome(found) == {"applies": True, "dedupes": False, "lookup_finds": False,
+                              "lookup_not_found": True, "if_match": False, "fencing": False}
+    details = {f.claim: f.detail for f in conformance.failed(found)}
+    assert "does not deduplicate" in details["dedupes"]
+    assert "a stale worker could still write" in details["fencing"]
+
+
+def test_the_command_reports_a_broken_claim_and_exits_1(crm: Crm, broken: str) -> None:
+    import asyncio
+    import json
+
+    runner = CliRunner()
+    tenant = asyncio.run(crm.new_tenant())
+    args = ["connector", "test", "crm", "--tenant", str(uuid.uuid4()), "--action",
+            "crm.note.create", "--target", tenant.customer_id, "--arguments",
+            json.dumps({"customer_id": tenant.customer_id, "body": "cli"}),
+            "--token", tenant.token, "--stale-revision", "999"]
+    good = runner.invoke(cli.app, [*args, "--url", crm.url, "--json"])
+    assert good.exit_code == 0, good.output
+    assert all(f["holds"] is not False for f in json.loads(good.output))
+    bad = runner.invoke(cli.app, [*args[:2], "crmhttp", *args[3:], "--options",
+                                  json.dumps(declared(broken))])
+    assert bad.exit_code == 1, bad.output
+    assert "FAILS" in bad.output and "dedupes" in bad.output
