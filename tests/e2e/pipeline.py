@@ -264,9 +264,10 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
         common = {"AGENTLEDGER_KAFKA_BOOTSTRAP": bootstrap,
                   "AGENTLEDGER_MASTER_KEY": base64.b64encode(os.urandom(32)).decode(),
                   **(config_env or {})}
-        if connectors:
+        if connectors:  # "{crm_url}" in an option: the CRM stand-in this pipeline started
             common["AGENTLEDGER_CONNECTORS"] = json.dumps(
-                {"crm": {"url": crm.url}, "billing": {"url": crm.url}, **connectors})
+                {"crm": {"url": crm.url}, "billing": {"url": crm.url}, **connectors}
+            ).replace("{crm_url}", crm.url)
         # Each service logs in as its own role, as in production: never as the owner (issue 17).
         login_urls = asyncio.run(logins.ensure(database_url))
         p = Pipeline(bootstrap, database_url, crm, ns, tenant, customer, tokens)
