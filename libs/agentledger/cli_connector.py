@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
+from importlib import resources
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -84,3 +87,51 @@ def test_cmd(
                     None: "[dim]not checked[/dim]"}[f.holds]
             console.print(f"{mark:>24}  {f.claim}: {f.detail}", highlight=False)
     raise typer.Exit(1 if conformance.failed(findings) else 0)
+
+
+_NEW_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+# Template → where it goes in the new package ({name} is the connector's name).
+_SCAFFOLD = {"pyproject.toml.tmpl": "pyproject.toml",
+             "package.py.tmpl": "agentledger_{name}/__init__.py",
+             "test_conformance.py.tmpl": "tests/test_conformance.py"}
+
+
+def scaffold(name: str, dest: Path) -> list[Path]:
+    """Write a connector package for ``name`` into ``dest`` (which must not exist).
+
+    Raises:
+        ConfigurationError: an unusable name, or ``dest`` exists.
+    """
+    if not _NEW_NAME.match(name):
+        raise errors.ConfigurationError(
+            "a connector name is 1-32 of a-z, 0-9 and _, starting with a letter", name=name)
+    if dest.exists():
+        raise errors.ConfigurationError(f"{dest} exists; nothing was written", path=str(dest))
+    templates = resources.files("agentledger.connectors").joinpath("scaffold")
+    written = []
+    for template, target in _SCAFFOLD.items():
+        path = dest / target.format(name=name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(templates.joinpath(template).read_text(encoding="utf-8").format(
+            name=name, upper=name.upper()), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+@app.command("new")
+def new_cmd(
+    name: Annotated[str, typer.Argument(help="The connector's name (a-z, 0-9, _)")],
+    dest: Annotated[Path | None, typer.Option(help="Where (default ./agentledger-NAME)")] = None,
+) -> None:
+    """Scaffold a connector package: an entry point, a contract, a resolver, and the
+    conformance kit wired into its tests."""
+    where = dest or Path(f"agentledger-{name}")
+    try:
+        written = scaffold(name, where)
+    except errors.ConfigurationError as exc:
+        console.print(f"[red]{exc.code}[/red]: {exc.message}", highlight=False)
+        raise typer.Exit(2) from exc
+    for path in written:
+        console.print(f"wrote {path}", highlight=False)
+    console.print(f"next: fill in the TODOs, `pip install -e {where}`, then run its tests "
+                  "against a test tenant of the real API", highlight=False)
