@@ -2,7 +2,7 @@
 
 The demo runs as a subprocess against the test stack, with its own database, topic
 namespace and home (so a demo a person left running is untouched); every assertion reads
-the ledger or the CRM's effect log, never only what the demo printed.
+the ledger, the CRM's effect log or Mailpit's API, never only what the demo printed.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import httpx
 import psycopg2
 import pytest
 
+from agentledger import client
 from agentledger.demo import launch
 from agentledger.demo import stack as demo_stack
 from tests.stack import Stack
@@ -44,10 +45,20 @@ def demo(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tup
         assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n{logs}"
         yield launch.World.load(home), run.stdout
     finally:
+        started = demo_stack.running(home)
         demo_stack.stop_all(home)
+        # Everything the demo started is stopped through its pid files, Mailpit included.
+        assert [name for name, pid, _ in started if _alive(pid)] == []
         _drop(stack.database_url, database)
         _drop(stack.database_url, f"{database}_crm")
         demo_stack.delete_topics(stack.kafka_bootstrap, f"{namespace}.")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _drop(owner_url: str, name: str) -> None:
@@ -156,3 +167,66 @@ def test_budget_refusals_are_recorded_and_nothing_more_is_admitted(demo: tuple[l
     assert len(admitted) == 3 and len(refused) == 2
     assert sorted(o for (o,) in admitted) == sorted(budget["admitted"])
     assert "admitted 3 steps, refused 2 with budget_exhausted" in out
+
+
+def mailpit(world: launch.World, op: str | None = None) -> list[dict[str, Any]]:
+    """What Mailpit holds (every message, or those with this operation's Message-ID)."""
+    if op is None:
+        r = httpx.get(f"{world.mailpit_url}/api/v1/messages", params={"limit": 1000}, timeout=10)
+    else:
+        r = httpx.get(f"{world.mailpit_url}/api/v1/search",
+                      params={"query": f"message-id:{op}@agentledger"}, timeout=10)
+    r.raise_for_status()
+    return list(r.json()["messages"])
+
+
+def audit_types(world: launch.World, op: str) -> list[str]:
+    return [t for (t,) in rows(world, "SELECT type FROM audit_event WHERE operation_id = %s ORDER BY seq", op)]
+
+
+def test_an_email_from_the_outside_connector_is_sent_once_under_its_operation_id(demo: tuple[launch.World, str]) -> None:
+    world, out = demo
+    op = world.operations["email"]
+    assert command(world, op) == ("succeeded", f"email:{op}@agentledger")
+    assert attempts(world, op) == [("dispatch", "succeeded")]
+    held = mailpit(world, op)
+    assert len(held) == 1 and held[0]["MessageID"] == f"{op}@agentledger"
+    assert [t["Address"] for t in held[0]["To"]] == ["ada@example.com"]
+    # Mailpit holds the story's two messages and nothing else: no message was sent twice.
+    assert sorted(m["MessageID"] for m in mailpit(world)) == sorted(
+        f"{o}@agentledger" for o in (op, world.operations["email_lost"]))
+    assert "entry points 'email' in agentledger.connectors and agentledger.resolvers: agentledger-email" in out
+    assert f"Mailpit holds 1 message with Message-ID <{op}@agentledger>" in out
+
+
+def test_an_email_whose_answer_was_lost_ends_succeeded_through_the_lookup(demo: tuple[launch.World, str]) -> None:
+    world, out = demo
+    op = world.operations["email_lost"]
+    # The proxy lost the answer after Mailpit had accepted the message (read from the proxy).
+    assert httpx.get(f"{world.smtp_fault_url}/healthz", timeout=10).json() == {"armed": False, "dropped": 1}
+    # Contract none: never resent; the reconciler's lookup by Message-ID settled it.
+    assert attempts(world, op) == [("dispatch", "unknown"), ("lookup", "succeeded")]
+    assert command(world, op) == ("succeeded", f"email:{op}@agentledger")
+    types = audit_types(world, op)
+    assert "command.unknown" in types and types[-1] == "command.succeeded", types
+    assert types.count("command.claimed") == 2, types  # the executor's send, the reconciler's lookup
+    assert len(mailpit(world, op)) == 1
+    assert "the proxy dropped 1 answer" in out
+    assert f"Mailpit holds exactly 1 message with Message-ID <{op}@agentledger>" in out
+
+
+def test_an_mcp_client_retrying_one_call_is_one_operation_and_one_note(demo: tuple[launch.World, str]) -> None:
+    world, out = demo
+    mcp = world.operations["mcp"]
+    op = mcp["operation"]
+    # The id ingress derives from alice's verified token and the key the client sent in _meta.
+    assert op == str(client.operation_id_for(world.tokens["user:alice"], mcp["key"]))
+    assert mcp["answers"] == [op, op, op]
+    assert {"agentledger_status", "crm.note.create", "email.send"} <= set(mcp["tools"])
+    state, receipt = command(world, op)
+    assert state == "succeeded" and receipt and receipt.startswith("crm:note:")
+    assert rows(world, "SELECT count(*) FROM agent_command WHERE operation_id = %s", op) == [(1,)]
+    notes = [e for e in effects(world, world.acme, "note.created") if e["idempotency_key"] == op]
+    assert len(notes) == 1
+    assert f"3 calls, statuses succeeded, succeeded, succeeded; 1 operation id {op}" in out
+    assert f"operation {op} took effect; receipt {receipt}" in out

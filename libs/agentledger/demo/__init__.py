@@ -1,4 +1,4 @@
-"""``agentledger demo``: the whole pipeline as real processes, and five narrated scenarios.
+"""``agentledger demo``: the whole pipeline as real processes, and seven narrated scenarios.
 
 - ``stack``: the shared Kafka/PostgreSQL check, a fresh demo database and topic namespace,
   service processes with pid files, logs and readiness polling (``agentledger down`` stops
@@ -9,5 +9,9 @@
   evidence, so the prompt-injection scenario has a gullible model to fool;
 - ``scenarios``: the stories, told through the public interfaces (ingress, the console's
   JSON API, the reconcile and explain commands);
+- ``stories_adoption``: the last two, your own connector (``email.send`` from the outside
+  distribution agentledger-email, sent to Mailpit) and an MCP client of ``agentledger mcp``;
+- ``smtp_fault``: the e-mail executor's SMTP path to Mailpit, able to lose one answer after
+  the message was accepted;
 - ``run``: the command itself.
 """

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import secrets
+import shutil
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agentledger import logins, migrations, settings
+from agentledger.connectors import plugins
 from agentledger.contracts import topics
 from agentledger.demo import seed, stack
 from agentledger.kafka import topics as kafka_topics
@@ -26,6 +29,15 @@ BUDGET_TOOL_CALLS = 3
 # One partition per topic family is plenty for a demo and starts faster on 2 cores; 2 on the
 # exec topics keeps two claims of one connector able to run side by side.
 PARTITIONS = "2"
+# Mailpit, the real SMTP server the e-mail connector sends to: built by
+# deploy/local/mailpit.sh install (make bootstrap), or wherever AGENTLEDGER_MAILPIT_BIN says.
+MAILPIT_BIN = settings.REPO_ROOT / ".local" / "bin" / "mailpit"
+# Where the e-mail connector's resolver lets mail go (every seeded customer is @example.com).
+EMAIL_DOMAINS = ["example.com"]
+EMAIL_SENDER = "assistant@acme.example"
+# How long one MCP tool call waits for its outcome (AGENTLEDGER_MCP_WAIT_S): a note takes a
+# second or two; a call answered `in_progress` would make the story wait for nothing.
+MCP_WAIT_S = "20"
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,11 @@ class World:
     # What an operator's shell sets for `reconcile resolve` and `principals`: the identity
     # provider's keys (to verify the operator's session) and the reconciler's lookup tokens.
     operator_env: dict[str, str] = field(default_factory=dict)
+    # The adoption stories' endpoints (empty in a state.json of an older demo): Mailpit's
+    # HTTP API and web UI, the SMTP fault proxy's control port, the MCP server.
+    mailpit_url: str = ""
+    smtp_fault_url: str = ""
+    mcp_url: str = ""
 
     def topic(self, name: str) -> str:
         return self.namespace + name
@@ -119,6 +136,51 @@ def prepare(opts: Options, step: Step) -> tuple[str, str, str]:
     return ledger_url, crm_url, f"{opts.prefix}.{secrets.token_hex(3)}."
 
 
+def mailpit_binary() -> Path:
+    found = Path(os.environ.get("AGENTLEDGER_MAILPIT_BIN") or MAILPIT_BIN)
+    if not found.is_file():
+        raise stack.DemoError(f"Mailpit is missing ({found}): the e-mail story sends to it",
+                              "make bootstrap (or: bash deploy/local/mailpit.sh install; "
+                              "it needs Go)")
+    return found
+
+
+def operator_config(where: Path) -> dict[str, str]:
+    """The operator's configuration for the e-mail connector: the packaged allowlist and
+    policies plus what the agentledger-email distribution ships (its allowlist entry and
+    ``30_email.cedar``), as AGENTLEDGER_ALLOWLIST and AGENTLEDGER_POLICY_DIR."""
+    from importlib import resources
+
+    from agentledger.policy import allowlist, cedar
+
+    if "email" not in plugins.installed() or "email" not in plugins.installed(
+            plugins.RESOLVERS):
+        raise stack.DemoError("the e-mail connector (entry point 'email') is not installed",
+                              "make bootstrap installs libs/agentledger-email into .venv")
+    package = resources.files("agentledger_email")
+    rules = json.loads(allowlist.DEFAULT_PATH.read_text())
+    rules["actions"] += json.loads(package.joinpath("allowlist.json").read_text())["actions"]
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "allowlist.json").write_text(json.dumps(rules, indent=2))
+    shutil.rmtree(where / "policies", ignore_errors=True)
+    shutil.copytree(cedar.DEFAULT_DIR, where / "policies")
+    (where / "policies" / "30_email.cedar").write_text(
+        package.joinpath("policies", "30_email.cedar").read_text())
+    return {"AGENTLEDGER_ALLOWLIST": str(where / "allowlist.json"),
+            "AGENTLEDGER_POLICY_DIR": str(where / "policies")}
+
+
+def _free_ports(preferred: dict[str, int | None]) -> dict[str, int]:
+    """A distinct free port per name (its preferred one when nothing listens there)."""
+    ports: dict[str, int] = {}
+    for name, want in preferred.items():
+        port = stack.free_port(want)
+        while port in ports.values():
+            port = stack.free_port()
+        ports[name] = port
+    return ports
+
+
 def _database(login_urls: dict[str, str], service: str) -> dict[str, str]:
     url = login_urls.get(service)
     return {"AGENTLEDGER_DATABASE_URL": url} if url else {}
@@ -133,17 +195,30 @@ def launch(opts: Options, step: Step) -> World:
     run_id = ns.rstrip(".").rsplit(".", 1)[1]
     tag = f"{opts.prefix}-{run_id}"
     admin_token = secrets.token_urlsafe(16)
-    ports = {name: stack.free_port(preferred) for name, preferred in (
-        ("crm", 8090), ("ingress", 8080), ("console", 8070), ("model", 8099))}
+    ports = _free_ports({"crm": 8090, "ingress": 8080, "console": 8070, "model": 8099,
+                         "mailpit": 8025, "mailpit-smtp": 1025, "smtp-fault": None,
+                         "smtp-control": None, "mcp": 8060})
     url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-    base = {"AGENTLEDGER_KAFKA_BOOTSTRAP": bootstrap, "AGENTLEDGER_MASTER_KEY": keys.master_key_b64}
+    mailpit = mailpit_binary()
+    # The e-mail connector as an operator adds it: found by its entry point, configured in
+    # AGENTLEDGER_CONNECTORS beside the CRM and billing, its allowlist entry and policy added
+    # to the packaged ones. Every service reads the same configuration.
+    email = {"smtp_host": "127.0.0.1", "smtp_port": ports["smtp-fault"],
+             "sender": EMAIL_SENDER, "lookup_url": url["mailpit"],
+             "recipient_domains": EMAIL_DOMAINS}
+    base = {"AGENTLEDGER_KAFKA_BOOTSTRAP": bootstrap, "AGENTLEDGER_MASTER_KEY": keys.master_key_b64,
+            "AGENTLEDGER_CONNECTORS": json.dumps({**plugins.defaults(url["crm"]),
+                                                  "email": email}),
+            **operator_config(opts.home / "config")}
     # Every service logs in as its own role, as in production — never as the ledger's owner,
     # whose SET ROLE a RESET ROLE would undo (issue 17). Ingress' login may only ask which
     # request hash an operation holds (its synchronous 409, migration 0021).
     login_urls = asyncio.run(logins.ensure(
         ledger_url, ("admission", "executor", "reconciler", "relay", "console", "ingress")))
 
-    step("starting the CRM stand-in and the fake model")
+    step("starting the CRM stand-in, the fake model and Mailpit (SMTP)")
+    shutil.rmtree(opts.home / "mailpit", ignore_errors=True)  # the previous run's messages
+    (opts.home / "mailpit").mkdir(parents=True)
     first = [
         stack.start(opts.home, "crm", "agentledger.services.crm", {
             "AGENTLEDGER_CRM_DATABASE_URL": crm_db, "AGENTLEDGER_CRM_PORT": str(ports["crm"]),
@@ -151,9 +226,21 @@ def launch(opts: Options, step: Step) -> World:
             "AGENTLEDGER_CRM_FAULTS_ENABLED": "true"}),
         stack.start(opts.home, "model", "agentledger.demo.fake_model",
                     {"AGENTLEDGER_DEMO_MODEL_PORT": str(ports["model"])}),
+        stack.start_command(opts.home, "mailpit", [
+            str(mailpit), "--smtp", f"127.0.0.1:{ports['mailpit-smtp']}",
+            "--listen", f"127.0.0.1:{ports['mailpit']}",
+            "--database", str(opts.home / "mailpit" / "mailpit.db"),
+            "--disable-version-check", "--smtp-disable-rdns"], str(mailpit)),
+        # The e-mail executor's SMTP path to Mailpit: it can lose one accepted answer.
+        stack.start(opts.home, "smtp-fault", "agentledger.demo.smtp_fault", {
+            "AGENTLEDGER_DEMO_SMTP_PORT": str(ports["smtp-fault"]),
+            "AGENTLEDGER_DEMO_SMTP_UPSTREAM_PORT": str(ports["mailpit-smtp"]),
+            "AGENTLEDGER_DEMO_SMTP_CONTROL_PORT": str(ports["smtp-control"])}),
     ]
     stack.wait_ready(first, {"crm": stack.http_ok(f"{url['crm']}/readyz"),
-                             "model": stack.http_ok(f"{url['model']}/healthz")})
+                             "model": stack.http_ok(f"{url['model']}/healthz"),
+                             "mailpit": stack.http_ok(f"{url['mailpit']}/api/v1/messages"),
+                             "smtp-fault": stack.http_ok(f"{url['smtp-control']}/healthz")})
     step("seeding tenants Acme and Globex, CRM tokens and principals")
     acme, globex = seed.seed(seed.CrmAdmin(url["crm"], admin_token), ledger_url)
     read_tokens = json.dumps({str(t.tenant_id): t.tokens["read"] for t in (acme, globex)})
@@ -165,8 +252,12 @@ def launch(opts: Options, step: Step) -> World:
     envelope_keys = json.dumps({seed.ENVELOPE_KID: keys.envelope_public})
     session_keys = json.dumps({seed.SESSION_KID: keys.session_public})
     slot = re.sub(r"[^a-z0-9_]", "_", tag.lower())[:63]
-    group = {n: f"{tag}-{n}"
-             for n in ("admission", "executor-crm", "executor-billing", "planner", "ingress")}
+    group = {n: f"{tag}-{n}" for n in ("admission", "executor-crm", "executor-billing",
+                                       "executor-email", "planner", "ingress")}
+    # SMTP and Mailpit's search API take no credential here, but the executor and the
+    # reconciler still hold one per connector and tenant (R1.7) and act for no tenant
+    # without one: each tenant gets a random placeholder.
+    email_tokens = {str(t.tenant_id): secrets.token_urlsafe(16) for t in (acme, globex)}
     env: dict[str, dict[str, str]] = {
         "relay": {"AGENTLEDGER_RELAY_SLOT": slot, "AGENTLEDGER_RELAY_TOPIC_NAMESPACE": ns,
                   "AGENTLEDGER_RELAY_EXEC_PARTITIONS": PARTITIONS,
@@ -185,7 +276,8 @@ def launch(opts: Options, step: Step) -> World:
             "AGENTLEDGER_RECONCILER_CRM_URL": url["crm"],
             "AGENTLEDGER_RECONCILER_PERIOD_S": "1",
             "AGENTLEDGER_RECONCILER_LOOKUP_TOKENS": json.dumps(
-                {"crm": {str(t.tenant_id): t.tokens["lookup"] for t in (acme, globex)}})},
+                {"crm": {str(t.tenant_id): t.tokens["lookup"] for t in (acme, globex)},
+                 "email": email_tokens})},
         "planner": {
             "AGENTLEDGER_PLANNER_ENVELOPE_KEYS": envelope_keys,
             "AGENTLEDGER_PLANNER_CRM_URL": url["crm"],
@@ -220,6 +312,19 @@ def launch(opts: Options, step: Step) -> World:
             "AGENTLEDGER_CONSOLE_CRM_READ_TOKENS": read_tokens,
             # Plain HTTP on localhost: a Secure cookie would never come back.
             "AGENTLEDGER_CONSOLE_COOKIE_SECURE": "false"},
+        # agentledger mcp over streamable HTTP: the allowlisted actions as MCP tools, each
+        # call a proposal through ingress with the caller's session token.
+        "mcp": {
+            "AGENTLEDGER_MCP_TRANSPORT": "http",
+            "AGENTLEDGER_MCP_PORT": str(ports["mcp"]),
+            "AGENTLEDGER_MCP_INGRESS_URL": url["ingress"],
+            "AGENTLEDGER_MCP_CONSOLE_URL": url["console"],
+            "AGENTLEDGER_MCP_ADMISSIONS_TOPIC": ns + topics.ADMISSIONS,
+            "AGENTLEDGER_MCP_OUTCOMES_TOPIC": ns + topics.OUTCOMES,
+            "AGENTLEDGER_MCP_WAIT_S": MCP_WAIT_S,
+            "AGENTLEDGER_MCP_SESSION_KEYS": session_keys,
+            "AGENTLEDGER_MCP_SESSION_ISSUER": seed.SESSION_ISSUER,
+            "AGENTLEDGER_MCP_SESSION_AUDIENCE": seed.SESSION_AUDIENCE},
     }
     for connector in ("crm", "billing"):
         env[f"executor-{connector}"] = {
@@ -230,20 +335,31 @@ def launch(opts: Options, step: Step) -> World:
             "AGENTLEDGER_EXECUTOR_PARTITIONS": PARTITIONS,
             "AGENTLEDGER_EXECUTOR_WRITE_TOKENS": json.dumps(
                 {connector: {str(t.tenant_id): t.tokens["write"] for t in (acme, globex)}})}
+    env["executor-email"] = {
+        "AGENTLEDGER_EXECUTOR_CONNECTOR": "email",
+        "AGENTLEDGER_EXECUTOR_EXEC_TOPIC": ns + topics.exec_topic("email"),
+        "AGENTLEDGER_EXECUTOR_GROUP_ID": group["executor-email"],
+        "AGENTLEDGER_EXECUTOR_PARTITIONS": PARTITIONS,
+        "AGENTLEDGER_EXECUTOR_WRITE_TOKENS": json.dumps({"email": email_tokens})}
     probes = {
         "relay": stack.slot_active(ledger_url, slot),
         "admission": stack.group_has_members(bootstrap, group["admission"]),
         "executor-crm": stack.group_has_members(bootstrap, group["executor-crm"]),
         "executor-billing": stack.group_has_members(bootstrap, group["executor-billing"]),
+        "executor-email": stack.group_has_members(bootstrap, group["executor-email"]),
         "reconciler": stack.log_contains(opts.home / "logs" / "reconciler.log",
                                          "event=reconciler_started"),
         "planner": stack.group_has_members(bootstrap, group["planner"]),
         "ingress": stack.http_ok(f"{url['ingress']}/readyz"),
         "console": stack.http_ok(f"{url['console']}/readyz"),
+        "mcp": stack.http_ok(f"{url['mcp']}/healthz"),
     }
     step(f"starting {len(env)} services: " + ", ".join(env))
-    module = {"executor-crm": "executor", "executor-billing": "executor"}
-    started = [stack.start(opts.home, name, f"agentledger.services.{module.get(name, name)}",
+    module = {"executor-crm": "executor", "executor-billing": "executor",
+              "executor-email": "executor"}
+    modules = {name: f"agentledger.services.{module.get(name, name)}" for name in env}
+    modules["mcp"] = "agentledger.mcp"
+    started = [stack.start(opts.home, name, modules[name],
                            {**base, **_database(login_urls, module.get(name, name)), **own})
                for name, own in env.items()]
     stack.wait_ready(started, probes, on_ready=lambda name: step(f"{name} is ready"))
@@ -260,6 +376,7 @@ def launch(opts: Options, step: Step) -> World:
         crm_url=url["crm"], crm_admin_token=admin_token, ingress_url=url["ingress"],
         console_url=url["console"], model_url=url["model"], acme=_tenant_json(acme),
         globex=_tenant_json(globex), tokens=tokens, home=str(opts.home),
-        operator_env=operator_env)
+        operator_env=operator_env, mailpit_url=url["mailpit"],
+        smtp_fault_url=url["smtp-control"], mcp_url=f"{url['mcp']}/mcp")
     world.save()
     return world

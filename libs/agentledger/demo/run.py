@@ -15,19 +15,19 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from agentledger.demo import launch, scenarios, stack
+from agentledger.demo import launch, scenarios, stack, stories_adoption
 
 INTRO = (
     "A model may only PROPOSE an action. Ingress signs who asked, admission checks the "
     "allowlist, the tenant and the policy and admits the command once into the Postgres "
-    "ledger, the relay carries it to Kafka, an executor performs it on the CRM. Below, five "
-    "stories on real processes; after each, what the ledger and the CRM's effect log say."
+    "ledger, the relay carries it to Kafka, an executor performs it on the CRM. Below, seven "
+    "stories on real processes (the last two: your own connector, e-mail to a real SMTP "
+    "server, and an MCP client); after each, what the ledger, the CRM's effect log and the "
+    "mail server say."
 )
 
 
 def _explain(world: launch.World, console: Console) -> None:
-    from agentledger import cli  # the operator's command, as typed in a shell
-
     ops = world.operations
     budget = ops.get("budget", {})
     shown = [("1 · note", ops.get("note")), ("2 · approved refund", ops.get("approved_refund")),
@@ -35,22 +35,29 @@ def _explain(world: launch.World, console: Console) -> None:
              ("5 · budget, admitted step", (budget.get("admitted") or [None])[0])]
     console.rule("[bold]What is known, per operation: agentledger explain")
     for title, op in shown:
-        if op is None:
-            continue
-        console.print(f"[bold]{title}[/bold]  $ agentledger explain {op} --tenant {world.tenant}",
-                      highlight=False)
-        try:
-            cli.explain_cmd(uuid.UUID(op), tenant=world.tenant)
-        except click.exceptions.Exit:
-            pass  # the command printed why
+        _explain_one(world, console, title, op)
     for op in budget.get("refused", [])[:1]:
         console.print(f"[bold]5 · budget, refused step[/bold] {op}: never admitted, so explain "
                       "shows only its audit event:", highlight=False)
         for event in asyncio.run(_audit(world, op)):
             console.print(f"  {event['type']}  {json.dumps(event['payload'])}", highlight=False,
                           markup=False)
+    _explain_one(world, console, "6 · e-mail whose answer was lost", ops.get("email_lost"))
     console.print("[bold]4 · injection[/bold]: nothing to explain — all three were refused "
                   "before admission wrote anything (no command, no approval, no effect).")
+
+
+def _explain_one(world: launch.World, console: Console, title: str, op: str | None) -> None:
+    from agentledger import cli  # the operator's command, as typed in a shell
+
+    if op is None:
+        return
+    console.print(f"[bold]{title}[/bold]  $ agentledger explain {op} --tenant {world.tenant}",
+                  highlight=False)
+    try:
+        cli.explain_cmd(uuid.UUID(op), tenant=world.tenant)
+    except click.exceptions.Exit:
+        pass  # the command printed why
 
 
 async def _audit(world: launch.World, op: str) -> list[dict[str, Any]]:
@@ -70,6 +77,8 @@ def _finish(world: launch.World, console: Console, started: float, browser_hints
     console.print(f"  ingress  {world.ingress_url}     console  {world.console_url}     "
                   f"CRM  {world.crm_url}", highlight=False)
     console.print(f"  ledger   {world.database_url}", highlight=False)
+    console.print(f"  mailpit  {world.mailpit_url} (the e-mails sent)     "
+                  f"mcp  {world.mcp_url}", highlight=False)
     console.print(f"  topics   {world.namespace}*  on {world.bootstrap}", highlight=False)
     console.print(f"  logs     {home}/logs/     state (ids, tokens): {home}/state.json",
                   highlight=False)
@@ -84,6 +93,11 @@ def _finish(world: launch.World, console: Console, started: float, browser_hints
     console.print("\n  Stop the demo's services:  [bold]agentledger down[/bold] (also stops "
                   "Kafka and PostgreSQL) or [bold]make down[/bold]", highlight=False)
     console.print(f"  demo finished in {time.monotonic() - started:.0f} s", highlight=False)
+
+
+async def _play(world: launch.World, console: Console, browser_hints: bool) -> None:
+    await scenarios.play(world, console, browser_hints=browser_hints)
+    await stories_adoption.play(world, console)
 
 
 def main(opts: launch.Options, *, browser_hints: bool = True, console: Console | None = None
@@ -106,7 +120,7 @@ def main(opts: launch.Options, *, browser_hints: bool = True, console: Console |
         # verifying sessions with the demo identity provider's keys.
         os.environ["AGENTLEDGER_DATABASE_URL"] = world.database_url
         os.environ.update(world.operator_env)
-        asyncio.run(scenarios.play(world, out, browser_hints=browser_hints))
+        asyncio.run(_play(world, out, browser_hints))
         _explain(world, out)
     except stack.DemoError as exc:
         out.print(f"[red]demo failed[/red]: {escape(str(exc))}", highlight=False)

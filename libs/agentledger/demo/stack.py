@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -174,16 +174,25 @@ def _is_ours(pid: int, module: str) -> bool:
 
 def start(home: Path, name: str, module: str, env: Mapping[str, str]) -> Service:
     """Start ``python -m module`` detached, logging to ``home/logs/name.log``, pid file written."""
+    return start_command(home, name, [sys.executable, "-m", module], module,
+                         {**env, "PYTHONUNBUFFERED": "1"})
+
+
+def start_command(home: Path, name: str, argv: Sequence[str], marker: str,
+                  env: Mapping[str, str] | None = None) -> Service:
+    """Start ``argv`` detached (a service, or a program such as Mailpit), logging to
+    ``home/logs/name.log``; the pid file names ``marker``, an argument of ``argv`` by which
+    ``stop_all`` recognises the process as still ours."""
     (home / "logs").mkdir(parents=True, exist_ok=True)
     (home / "pids").mkdir(parents=True, exist_ok=True)
     log = home / "logs" / f"{name}.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-            [sys.executable, "-m", module], env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+        proc = subprocess.Popen(  # noqa: S603 - our own interpreter, module or built binary
+            list(argv), env={**os.environ, **(env or {})},
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, cwd=settings.REPO_ROOT)
-    (home / "pids" / f"{name}.pid").write_text(f"{proc.pid} {module}\n")
-    return Service(name, module, proc.pid, log)
+    (home / "pids" / f"{name}.pid").write_text(f"{proc.pid} {marker}\n")
+    return Service(name, marker, proc.pid, log)
 
 
 def wait_ready(services: Iterable[Service], probes: Mapping[str, Callable[[], bool]],
@@ -213,12 +222,20 @@ def wait_ready(services: Iterable[Service], probes: Mapping[str, Callable[[], bo
             time.sleep(0.3)  # a poll interval, not a wait for a condition
 
 
+def _read_pid_file(pid_file: Path) -> tuple[str, str]:
+    """(pid, marker): the marker is the rest of the line (a binary's path may hold spaces)."""
+    pid_text, _, marker = pid_file.read_text().strip().partition(" ")
+    if not marker:
+        raise ValueError(f"{pid_file}: no marker")
+    return pid_text, marker
+
+
 def running(home: Path = HOME) -> list[tuple[str, int, bool]]:
     """(name, pid, alive) of every service with a pid file under ``home``."""
     found = []
     for pid_file in sorted((home / "pids").glob("*.pid")):
         try:
-            pid_text, module = pid_file.read_text().split()
+            pid_text, module = _read_pid_file(pid_file)
             pid = int(pid_text)
         except ValueError:
             continue
@@ -235,7 +252,7 @@ def stop_all(home: Path = HOME, timeout: float = STOP_TIMEOUT_S) -> list[str]:
     targets: list[tuple[Path, str, int, str]] = []
     for pid_file in sorted((home / "pids").glob("*.pid")):
         try:
-            pid_text, module = pid_file.read_text().split()
+            pid_text, module = _read_pid_file(pid_file)
             targets.append((pid_file, pid_file.stem, int(pid_text), module))
         except ValueError:
             pid_file.unlink(missing_ok=True)
