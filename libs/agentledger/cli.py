@@ -95,7 +95,7 @@ def demo(
         envvar="AGENTLEDGER_DEMO_HOME", help="Logs, pid files, keys and state")
     ] = settings.REPO_ROOT / ".local" / "demo",
 ) -> None:
-    """Start every service as a real process and play seven narrated scenarios."""
+    """Start every service as a real process and play eight narrated scenarios."""
     from agentledger.demo import launch, run
 
     run.main(launch.Options(home=home, database=database, prefix=namespace),

@@ -230,3 +230,19 @@ def test_an_mcp_client_retrying_one_call_is_one_operation_and_one_note(demo: tup
     assert len(notes) == 1
     assert f"3 calls, statuses succeeded, succeeded, succeeded; 1 operation id {op}" in out
     assert f"operation {op} took effect; receipt {receipt}" in out
+
+
+def test_a_declared_rest_api_passes_the_conformance_kit_and_writes_once(demo: tuple[launch.World, str]) -> None:
+    world, out = demo
+    # The kit ran against the real CRM through the declaration: every declared claim held.
+    assert world.operations["conformance"] == {
+        "applies": True, "dedupes": True, "lookup_finds": True, "lookup_not_found": True,
+        "if_match": True, "fencing": True}
+    op = world.operations["declared"]
+    state, receipt = command(world, op)
+    assert state == "succeeded" and receipt and receipt.startswith("crm:note:")
+    assert rows(world, "SELECT connector FROM agent_command WHERE operation_id = %s", op) == [("crmhttp",)]
+    assert attempts(world, op) == [("dispatch", "succeeded")]
+    notes = [e for e in effects(world, world.acme, "note.created") if e["idempotency_key"] == op]
+    assert len(notes) == 1
+    assert "8 · A REST API declared, not coded" in out

@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import agentledger_http
 import pytest
 
 from agentledger.policy import allowlist
 from tests.e2e.pipeline import Pipeline, pipeline
-from tests.integration.crm.test_conformance import declared
 from tests.stack import Stack
 
 ACTION = "crmhttp.note.create"
@@ -34,8 +34,7 @@ def operator_allowlist(where: Path) -> str:
 @pytest.fixture(scope="module")
 def world(stack: Stack, database_url: str, make_database: Callable[[], str],
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
-    declaration = declared("{crm_url}")
-    declaration["actions"] = {ACTION: declaration["actions"]["crm.note.create"]}
+    declaration = agentledger_http.example("crm_notes")  # "{crm_url}": the pipeline's CRM
     with pipeline(stack.kafka_bootstrap, database_url, make_database(),
                   tmp_path_factory.mktemp("http"), connectors={"crmhttp": declaration},
                   config_env={"AGENTLEDGER_ALLOWLIST": operator_allowlist(

@@ -11,6 +11,7 @@ the declaration against the real API.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
@@ -172,6 +173,18 @@ def _values(call: Call) -> dict[str, Any]:
             "arguments": dict(call.arguments), "revision": call.expected_revision}
 
 
+def example(name: str, **values: str) -> dict[str, Any]:
+    """A shipped example declaration (``examples/<name>.json``), its ``{placeholders}`` filled:
+    ``crm_notes`` declares the CRM stand-in's note API (``crm_url``)."""
+    from importlib import resources
+
+    text = resources.files("agentledger_http").joinpath("examples", f"{name}.json").read_text()
+    for key, value in values.items():
+        text = text.replace("{" + key + "}", value)
+    found: dict[str, Any] = json.loads(text)
+    return found
+
+
 def connector(options: Mapping[str, Any]) -> HttpConnector:
     """The factory (``agentledger_http:connector``): options as in ``config.Api``."""
     return HttpConnector(config.parse(options))
@@ -182,4 +195,4 @@ def resolver(options: Mapping[str, Any], read_tokens: Mapping[str, str]) -> Http
     return HttpResolver(config.parse(options), read_tokens)
 
 
-__all__ = ["HttpConnector", "HttpResolver", "connector", "resolver"]
+__all__ = ["HttpConnector", "HttpResolver", "connector", "example", "resolver"]

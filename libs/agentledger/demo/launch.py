@@ -35,6 +35,8 @@ MAILPIT_BIN = settings.REPO_ROOT / ".local" / "bin" / "mailpit"
 # Where the e-mail connector's resolver lets mail go (every seeded customer is @example.com).
 EMAIL_DOMAINS = ["example.com"]
 EMAIL_SENDER = "assistant@acme.example"
+# The CRM stand-in's note API declared for agentledger-http (its shipped example).
+HTTP_ACTION = "crmhttp.note.create"
 # How long one MCP tool call waits for its outcome (AGENTLEDGER_MCP_WAIT_S): a note takes a
 # second or two; a call answered `in_progress` would make the story wait for nothing.
 MCP_WAIT_S = "20"
@@ -100,7 +102,9 @@ Step = Callable[[str], None]
 
 
 def _tenant_json(t: seed.Tenant) -> dict[str, Any]:
-    return {"tenant_id": str(t.tenant_id), "name": t.name, "customers": t.customers}
+    # Its CRM tokens too: the conformance story writes and looks up as its connectors do.
+    return {"tenant_id": str(t.tenant_id), "name": t.name, "customers": t.customers,
+            "crm_tokens": dict(t.tokens)}
 
 
 def prepare(opts: Options, step: Step) -> tuple[str, str, str]:
@@ -166,8 +170,24 @@ def operator_config(where: Path) -> dict[str, str]:
     shutil.copytree(cedar.DEFAULT_DIR, where / "policies")
     (where / "policies" / "30_email.cedar").write_text(
         package.joinpath("policies", "30_email.cedar").read_text())
+    # The declarative HTTP connector's action: the CRM's note API, declared (no code).
+    note = next(a for a in rules["actions"] if a["name"] == "crm.note.create")
+    rules["actions"].append({**note, "name": HTTP_ACTION, "connector": "crmhttp",
+                             "description": "A note, through the declared REST API."})
+    (where / "allowlist.json").write_text(json.dumps(rules, indent=2))
     return {"AGENTLEDGER_ALLOWLIST": str(where / "allowlist.json"),
             "AGENTLEDGER_POLICY_DIR": str(where / "policies")}
+
+
+def http_declaration(crm_url: str) -> dict[str, Any]:
+    """The CRM's note API as agentledger-http declares it (configuration, no code)."""
+    try:
+        import agentledger_http
+    except ImportError as exc:
+        raise stack.DemoError("the declarative HTTP connector is not installed",
+                              "make bootstrap installs libs/agentledger-http into .venv"
+                              ) from exc
+    return agentledger_http.example("crm_notes", crm_url=crm_url)
 
 
 def _free_ports(preferred: dict[str, int | None]) -> dict[str, int]:
@@ -208,7 +228,8 @@ def launch(opts: Options, step: Step) -> World:
              "recipient_domains": EMAIL_DOMAINS}
     base = {"AGENTLEDGER_KAFKA_BOOTSTRAP": bootstrap, "AGENTLEDGER_MASTER_KEY": keys.master_key_b64,
             "AGENTLEDGER_CONNECTORS": json.dumps({**plugins.defaults(url["crm"]),
-                                                  "email": email}),
+                                                  "email": email,
+                                                  "crmhttp": http_declaration(url["crm"])}),
             **operator_config(opts.home / "config")}
     # Every service logs in as its own role, as in production — never as the ledger's owner,
     # whose SET ROLE a RESET ROLE would undo (issue 17). Ingress' login may only ask which
@@ -253,7 +274,8 @@ def launch(opts: Options, step: Step) -> World:
     session_keys = json.dumps({seed.SESSION_KID: keys.session_public})
     slot = re.sub(r"[^a-z0-9_]", "_", tag.lower())[:63]
     group = {n: f"{tag}-{n}" for n in ("admission", "executor-crm", "executor-billing",
-                                       "executor-email", "planner", "ingress")}
+                                       "executor-email", "executor-crmhttp", "planner",
+                                       "ingress")}
     # SMTP and Mailpit's search API take no credential here, but the executor and the
     # reconciler still hold one per connector and tenant (R1.7) and act for no tenant
     # without one: each tenant gets a random placeholder.
@@ -277,6 +299,7 @@ def launch(opts: Options, step: Step) -> World:
             "AGENTLEDGER_RECONCILER_PERIOD_S": "1",
             "AGENTLEDGER_RECONCILER_LOOKUP_TOKENS": json.dumps(
                 {"crm": {str(t.tenant_id): t.tokens["lookup"] for t in (acme, globex)},
+                 "crmhttp": {str(t.tenant_id): t.tokens["lookup"] for t in (acme, globex)},
                  "email": email_tokens})},
         "planner": {
             "AGENTLEDGER_PLANNER_ENVELOPE_KEYS": envelope_keys,
@@ -326,7 +349,7 @@ def launch(opts: Options, step: Step) -> World:
             "AGENTLEDGER_MCP_SESSION_ISSUER": seed.SESSION_ISSUER,
             "AGENTLEDGER_MCP_SESSION_AUDIENCE": seed.SESSION_AUDIENCE},
     }
-    for connector in ("crm", "billing"):
+    for connector in ("crm", "billing", "crmhttp"):  # crmhttp: the CRM's API, declared
         env[f"executor-{connector}"] = {
             "AGENTLEDGER_EXECUTOR_CONNECTOR": connector,
             "AGENTLEDGER_EXECUTOR_EXEC_TOPIC": ns + topics.exec_topic(connector),
@@ -347,6 +370,7 @@ def launch(opts: Options, step: Step) -> World:
         "executor-crm": stack.group_has_members(bootstrap, group["executor-crm"]),
         "executor-billing": stack.group_has_members(bootstrap, group["executor-billing"]),
         "executor-email": stack.group_has_members(bootstrap, group["executor-email"]),
+        "executor-crmhttp": stack.group_has_members(bootstrap, group["executor-crmhttp"]),
         "reconciler": stack.log_contains(opts.home / "logs" / "reconciler.log",
                                          "event=reconciler_started"),
         "planner": stack.group_has_members(bootstrap, group["planner"]),
@@ -356,7 +380,7 @@ def launch(opts: Options, step: Step) -> World:
     }
     step(f"starting {len(env)} services: " + ", ".join(env))
     module = {"executor-crm": "executor", "executor-billing": "executor",
-              "executor-email": "executor"}
+              "executor-email": "executor", "executor-crmhttp": "executor"}
     modules = {name: f"agentledger.services.{module.get(name, name)}" for name in env}
     modules["mcp"] = "agentledger.mcp"
     started = [stack.start(opts.home, name, modules[name],

@@ -20,10 +20,10 @@ from agentledger.demo import launch, scenarios, stack, stories_adoption
 INTRO = (
     "A model may only PROPOSE an action. Ingress signs who asked, admission checks the "
     "allowlist, the tenant and the policy and admits the command once into the Postgres "
-    "ledger, the relay carries it to Kafka, an executor performs it on the CRM. Below, seven "
-    "stories on real processes (the last two: your own connector, e-mail to a real SMTP "
-    "server, and an MCP client); after each, what the ledger, the CRM's effect log and the "
-    "mail server say."
+    "ledger, the relay carries it to Kafka, an executor performs it on the CRM. Below, eight "
+    "stories on real processes (the last three: your own connector, e-mail to a real SMTP "
+    "server; an MCP client; a REST API declared, not coded); after each, what the ledger, "
+    "the CRM's effect log and the mail server say."
 )
 
 

@@ -22,8 +22,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from agentledger import client as gateway
-from agentledger.connectors import plugins
-from agentledger.demo.launch import EMAIL_DOMAINS, World
+from agentledger.connectors import conformance, plugins
+from agentledger.demo.launch import EMAIL_DOMAINS, HTTP_ACTION, World, http_declaration
 from agentledger.demo.scenarios import OUTCOME_TIMEOUT_S, Story
 from agentledger.mcp import idempotency
 
@@ -191,7 +191,53 @@ async def mcp_client(s: Story) -> None:
            f"[/bold] note.created under idempotency key {op}")
 
 
-STORIES = (email_connector, mcp_client)
+async def declared_api(s: Story) -> None:
+    s.out.rule("[bold]8 · A REST API declared, not coded: the HTTP connector")
+    w = s.world
+    declared = http_declaration(w.crm_url)
+    s.say("Most REST APIs with an Idempotency-Key need no code at all. agentledger-http (another "
+          "distribution outside the library) reads a declaration: a request per action, the "
+          "key header, If-Match, a lookup URL and which statuses mean what. Here the CRM's "
+          "note API is declared as connector [bold]crmhttp[/bold], with an executor of its own.")
+    s.fact(f"declared: contract {declared.get('contract')}; action crmhttp.note.create = "
+           f"POST {declared.get('actions', {}).get(HTTP_ACTION, {}).get('path')}; lookup "
+           f"{declared.get('lookup', {}).get('path')}")
+    s.say("First the conformance kit checks the declaration against the real API, as "
+          "[bold]agentledger connector test[/bold] would (it writes in Acme's tenant):")
+    made = plugins.make("crmhttp", declared)
+    try:
+        found = await conformance.check(conformance.Endpoint(
+            connector=made, tenant_id=w.tenant, write_token=w.acme["crm_tokens"]["write"],
+            lookup_token=w.acme["crm_tokens"]["lookup"],
+            sample=conformance.Sample(HTTP_ACTION, "c-1001", {"customer_id": "c-1001",
+                                                              "body": "conformance check"}),
+            stale_revision="999"))
+    finally:
+        await made.aclose()
+    w.operations["conformance"] = {f.claim: f.holds for f in found}
+    s.fact("; ".join(f"{f.claim} {'holds' if f.holds else 'FAILS' if f.holds is False else '—'}"
+                     for f in found))
+    s.say("alice's gateway proposes [bold]crmhttp.note.create[/bold]")
+    gw = s.gateway()
+    try:
+        since = datetime.now(UTC)
+        sent = await gw.submit_proposal(HTTP_ACTION, {"customer_id": "c-1001",
+                                                      "body": "Declared, not coded"}, "c-1001")
+        w.operations["declared"] = str(sent.operation_id)
+        await gw.await_outcome(sent, since=since, timeout_s=OUTCOME_TIMEOUT_S)
+    finally:
+        await gw.aclose()
+    op = sent.operation_id
+    row = await s.command(op)
+    by = await s.rows("SELECT connector FROM agent_command WHERE operation_id = $1", op)
+    notes = [e for e in await s.effects("note.created") if e["idempotency_key"] == str(op)]
+    s.fact(f"ledger: [bold]{row and row['state']}[/bold] receipt={row and row['provider_receipt']}"
+           f" (connector {by[0]['connector'] if by else None}); attempts: "
+           f"{await s.attempts(op)}; CRM effect log: [bold]{len(notes)}[/bold] note.created "
+           "under its key")
+
+
+STORIES = (email_connector, mcp_client, declared_api)
 
 
 async def play(world: World, console: Console) -> None:

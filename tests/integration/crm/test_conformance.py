@@ -8,6 +8,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import agentledger_http
 import pytest
 from aiohttp import web
 from typer.testing import CliRunner
@@ -18,22 +19,11 @@ from tests.integration.crm.conftest import Crm
 
 
 def declared(url: str) -> dict[str, Any]:
-    """The CRM's note API declared for agentledger-http: no code, only configuration."""
-    return {
-        "factory": "agentledger_http:connector", "resolver_factory": "agentledger_http:resolver",
-        "name": "crmhttp", "base_url": url,
-        "contract": {"idempotency": "keyed", "lookup": True, "retention_s": 86400,
-                     "call_timeout_s": 10},
-        "actions": {"crm.note.create": {"path": "/v1/customers/{target}/notes",
-                                        "body": {"body": "$arguments.body"}, "if_match": True,
-                                        "receipt": "crm:note:{response.note_id}"}},
-        "lookup": {"path": "/v1/operations/{key}",
-                   "applied_when": {"field": "status", "in": [200, 201]},
-                   # The CRM's lookup wraps the original answer (the kit caught a
-                   # declaration that read the receipt from the top level).
-                   "receipt": "crm:note:{response.response.note_id}"},
-        "resolve": {"path": "/v1/customers/{target}", "revision_field": "revision"},
-        "fencing": {}}
+    """The CRM's note API declared for agentledger-http (its shipped example), with the
+    action named as the kit's sample calls it."""
+    found = agentledger_http.example("crm_notes", crm_url=url)
+    found["actions"] = {"crm.note.create": found["actions"]["crmhttp.note.create"]}
+    return found
 
 
 def endpoint(connector: Any, token: str, customer: str) -> conformance.Endpoint:
