@@ -4,7 +4,6 @@ its own database, and a proxy that loses the answer to an accepted message."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import tempfile
 import threading
@@ -17,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from agentledger import settings
+from agentledger.demo import smtp_fault
 from tests.helpers import wait_until
 from tests.integration.processes import free_port
 
@@ -80,67 +80,25 @@ def running(*args: str) -> Iterator[Mailpit]:
 
 
 class AnswerLost:
-    """An SMTP proxy that relays a conversation both ways, except the server's answer to the
-    end of DATA: it waits for that answer (the message is then accepted) and drops the client
-    connection instead of relaying it — the lost answer, after the effect.
-
-    Hand-written: no proxy library lets a test cut a TCP stream at one SMTP reply, and this is
-    a few dozen lines over sockets and threads.
-    """
+    """The demo's SMTP fault proxy (:class:`agentledger.demo.smtp_fault.AnswerLost`), served
+    from a thread here: it relays a conversation both ways, except the server's 250 to the
+    end of DATA when armed — the message is accepted, its answer lost (once per arming)."""
 
     def __init__(self, upstream_port: int, *, armed: bool = True) -> None:
-        self.upstream = upstream_port
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self.server.getsockname()[1])
-        self.dropped = threading.Event()  # positive marker: an accepted answer was lost
-        self.armed = armed
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._proxy = smtp_fault.AnswerLost(0, upstream_port)
+        self.port = self._proxy.port
+        if armed:
+            self._proxy.arm()
+        threading.Thread(target=self._proxy.serve_forever, daemon=True).start()
 
     def arm(self) -> None:
         """Lose the answer of the next message accepted (once)."""
-        self.dropped.clear()
-        self.armed = True
+        self._proxy.arm()
+
+    @property
+    def dropped(self) -> int:
+        """Answers lost after the server accepted the message (the positive marker)."""
+        return int(self._proxy.state()["dropped"])
 
     def close(self) -> None:
-        self.server.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _serve(self, client: socket.socket) -> None:
-        upstream = socket.create_connection(("127.0.0.1", self.upstream))
-        ended = threading.Event()  # the client sent the end of DATA
-
-        def client_to_server() -> None:
-            tail = b""
-            try:
-                while chunk := client.recv(65536):
-                    tail = (tail + chunk)[-5:]
-                    if tail.endswith(b"\r\n.\r\n"):
-                        ended.set()  # before it is sent: the answer cannot come first
-                    upstream.sendall(chunk)
-            except OSError:
-                pass
-
-        threading.Thread(target=client_to_server, daemon=True).start()
-        try:
-            while chunk := upstream.recv(65536):
-                if ended.is_set() and self.armed and chunk.startswith(b"250"):
-                    self.armed = False
-                    self.dropped.set()
-                    break  # accepted upstream; the client never hears it
-                client.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            for s in (client, upstream):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
+        self._proxy.server.close()

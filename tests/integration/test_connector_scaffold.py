@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from agentledger import cli
 from agentledger.connectors import conformance, plugins
+from tests.helpers import serving
 
 
 @pytest.fixture
@@ -37,15 +38,8 @@ async def api() -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_post("/v1/things/{thing}/examples", create)
     app.router.add_get("/v1/operations/{key}", operation)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serving(app) as url:
+        yield url
 
 
 async def test_a_scaffolded_connector_keeps_its_contract_and_its_tests_run_the_kit(

@@ -9,8 +9,7 @@ executor then cannot know whether the message went out: the lost answer of the e
 A small HTTP control port arms it and says what it did (``POST /arm``, ``GET /healthz``:
 ``{"armed": …, "dropped": …}``), the way the CRM stand-in's fault API arms a lost answer.
 It is a process of its own because the e-mail executor keeps using it after the demo's
-command has ended. (The same proxy as ``tests/mailpit.py``'s ``AnswerLost``, which the demo
-package cannot import.)
+command has ended. The e-mail tests serve the same proxy from a thread (``tests/mailpit.py``).
 
 Environment: ``AGENTLEDGER_DEMO_SMTP_PORT`` (where it listens),
 ``AGENTLEDGER_DEMO_SMTP_UPSTREAM_PORT`` (Mailpit's SMTP port on 127.0.0.1),

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from agentledger import cli
 from agentledger.connectors import conformance, plugins
+from tests.helpers import serving
 from tests.integration.crm.conftest import Crm
 
 
@@ -88,15 +89,8 @@ async def broken() -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_post("/v1/customers/{customer}/notes", note)
     app.router.add_get("/v1/operations/{key}", operation)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serving(app) as url:
+        yield url
 
 
 async def test_the_kit_names_every_claim_a_broken_endpoint_does_not_keep(broken: str) -> None:
