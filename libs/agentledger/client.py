@@ -10,6 +10,12 @@ Safe to retry: every submission carries an idempotency key (generated once per c
 the caller gives none, and returned), and ingress derives the operation id from it, so a
 retried submission — by this client after a timeout, or by the caller with the returned
 key — names the same operation (R3.1).
+
+Runs: a proposal submitted with ``run="<name>"`` is a step of that run (the
+``AgentLedger-Run`` header, ``agentledger-run`` over Kafka): every step of a run spends the
+same budgets (R7), e.g. admission's tool calls per workflow. The run id ingress derives
+(``identity.derive_run_id``: tenant, principal and name) is returned in
+``Submission.run_id``. Without a run, each proposal is its own run.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ class Submission:
     tenant_id: uuid.UUID | None = None
     request_id: uuid.UUID | None = None
     proposal_id: uuid.UUID | None = None
+    # The run the proposal is a step of (the budgets' workflow id), when one was named.
+    run_id: uuid.UUID | None = None
 
     @property
     def answered_as(self) -> uuid.UUID | None:
@@ -84,6 +92,26 @@ def operation_id_for(token: str, idempotency_key: str) -> uuid.UUID:
     claims = jwt.decode(token, options={"verify_signature": False})
     return identity.derive_operation_id(uuid.UUID(claims["tenant_id"]), claims["sub"],
                                         idempotency_key)
+
+
+def run_id_for(token: str, run: str) -> uuid.UUID:
+    """The run id ingress will derive for this token and run name (read like
+    ``operation_id_for``: to predict, never to trust).
+
+    Raises:
+        errors.ValidationFailed: ``run`` is not a run name (``identity.is_run_name``).
+    """
+    claims = jwt.decode(token, options={"verify_signature": False})
+    return identity.derive_run_id(uuid.UUID(claims["tenant_id"]), claims["sub"], run)
+
+
+def _checked_run(run: str | None) -> str | None:
+    # Refused here, before anything is sent: ingress would refuse it too (422 / DLQ).
+    if run is not None and not identity.is_run_name(run):
+        raise errors.ValidationFailed(
+            "run must be 1-128 characters of A-Z a-z 0-9 . _ : ~ -, starting with a letter "
+            "or digit")
+    return run
 
 
 class GatewayClient:
@@ -124,23 +152,41 @@ class GatewayClient:
 
     async def submit_proposal(self, action: str, arguments: Mapping[str, Any], target: str, *,
                               expected_revision: str | None = None,
-                              idempotency_key: str | None = None) -> Submission:
-        """POST a proposal to ``/v1/proposals``; retried with the same key on transient failures."""
+                              idempotency_key: str | None = None,
+                              run: str | None = None) -> Submission:
+        """POST a proposal to ``/v1/proposals``; retried with the same key on transient failures.
+
+        Args:
+            run: The run this proposal is a step of (``AgentLedger-Run``): the steps of a run
+                share its budgets. ``None``: the proposal is its own run.
+
+        Raises:
+            errors.ValidationFailed: ``run`` is not a run name (nothing is sent), or ingress
+                refused the proposal (4xx).
+            errors.IdentityRejected: Ingress refused the token.
+            errors.IdempotencyConflict: The key already holds a command with other content.
+            errors.StorageError: Ingress did not answer after retries.
+        """
         return await self._post("/v1/proposals", _proposal_body(
-            action, arguments, target, expected_revision), idempotency_key)
+            action, arguments, target, expected_revision), idempotency_key, _checked_run(run))
 
     async def publish_proposal(self, action: str, arguments: Mapping[str, Any], target: str, *,
                                expected_revision: str | None = None,
                                idempotency_key: str | None = None,
-                               timeout_s: float = 30.0) -> Submission:
+                               timeout_s: float = 30.0, run: str | None = None) -> Submission:
         """Produce a proposal to ``gateway.proposals.v1`` (idempotent producer, acks=all).
 
+        Args:
+            run: As for ``submit_proposal`` (the ``agentledger-run`` header).
+
         Raises:
+            errors.ValidationFailed: ``run`` is not a run name (nothing is sent).
             errors.StorageError: Kafka did not acknowledge within ``timeout_s``; publish
                 again with the returned key's operation (same ``idempotency_key``).
         """
         if self._bootstrap is None:
             raise errors.ValidationFailed("publish_proposal needs kafka_bootstrap")
+        run = _checked_run(run)
         key = idempotency_key or str(uuid.uuid4())
         operation_id = operation_id_for(self.token, key)
         if self._producer is None:
@@ -158,7 +204,8 @@ class GatewayClient:
             value=json.dumps(_proposal_body(action, arguments, target,
                                             expected_revision)).encode(),
             headers=[("authorization", f"Bearer {self.token}".encode()),
-                     ("idempotency-key", key.encode())],
+                     ("idempotency-key", key.encode()),
+                     *([("agentledger-run", run.encode())] if run is not None else [])],
             on_delivery=delivered,
         )
         if await asyncio.to_thread(producer.flush, timeout_s) != 0 or not where:
@@ -166,7 +213,8 @@ class GatewayClient:
         # Ingress names the proposal after the record's coordinates: the answer carries it.
         _, proposal_id = identity.record_ids(self._gateway_topic, *where[0])
         return Submission(operation_id=operation_id, idempotency_key=key,
-                          proposal_id=proposal_id)
+                          proposal_id=proposal_id,
+                          run_id=run_id_for(self.token, run) if run is not None else None)
 
     async def await_outcome(
         self, submitted: Submission | uuid.UUID, *, timeout_s: float = 60.0,
@@ -197,9 +245,12 @@ class GatewayClient:
 
     # --- internals ---------------------------------------------------------------------------
 
-    async def _post(self, path: str, body: Mapping[str, Any], key: str | None) -> Submission:
+    async def _post(self, path: str, body: Mapping[str, Any], key: str | None,
+                    run: str | None = None) -> Submission:
         key = key or str(uuid.uuid4())
         headers = {"Authorization": f"Bearer {self.token}", "Idempotency-Key": key}
+        if run is not None:
+            headers["AgentLedger-Run"] = run
         last: str = "no attempt"
         for attempt in range(ATTEMPTS):
             if attempt:
@@ -324,4 +375,5 @@ def _accepted(response: httpx.Response, key: str) -> Submission:
         tenant_id=uuid.UUID(body["tenant_id"]),
         request_id=uuid.UUID(body["request_id"]) if body.get("request_id") else None,
         proposal_id=uuid.UUID(body["proposal_id"]) if body.get("proposal_id") else None,
+        run_id=uuid.UUID(body["run_id"]) if body.get("run_id") else None,
     )

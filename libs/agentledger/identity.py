@@ -13,6 +13,11 @@ Two JWS formats, both verified with PyJWT and an explicit algorithm allowlist:
   with ``verify_envelope`` and nothing after ingress (the planner least of all) can change who
   acts for which tenant, nor reuse the envelope for other content (a replay with a new amount).
 
+The envelope's request id is the **workflow** whose budgets (R7) the work spends: a request's
+own id, a key-less gateway proposal's own id, or — when the gateway names the run its steps
+belong to (``AgentLedger-Run``) — the run id ``derive_run_id`` gives for (tenant, principal,
+run name), the same for every step of that run and for no other tenant or principal.
+
 Every failure raises ``errors.IdentityRejected``; no PyJWT exception escapes this module.
 """
 
@@ -55,6 +60,13 @@ MAX_ROLES: Final = 32
 
 # Derives operation ids from idempotency keys; fixed forever, or every retry changes id (R3.1).
 OPERATION_NAMESPACE: Final = uuid.UUID("6f2b8f0e-3c1a-5d4e-9a7b-0c8d2e4f6a1b")
+# Derives run ids from run names; fixed forever, or a run's later steps open a fresh budget.
+# Not OPERATION_NAMESPACE: a run name equal to an idempotency key never names its operation.
+RUN_NAMESPACE: Final = uuid.UUID("9c4e2a71-6b3d-5f80-a1e9-3d7c5b2f8e64")
+# A run name: what a gateway's own run or task id looks like (a UUID, "ticket-8812:triage"),
+# the idempotency key's characters; 128 is far above such ids and keeps logs readable.
+RUN_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._:~-]{0,127}$"
+_RUN_NAME = re.compile(RUN_NAME_PATTERN)
 
 _PRINCIPAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,127}$")
 _ROLE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
@@ -370,7 +382,8 @@ class EnvelopeSigner:
              "tenant_id": str(tenant_id), "operation_id": str(operation_id),
              "request_id": str(request_id), "roles": list(roles),
              "binds": binding.kind, "content": binding.digest,
-             "iat": issued, "exp": issued + self.ttl_s, "jti": str(request_id)},
+             # Its own id: the request id is a run's, shared by the envelopes of its steps.
+             "iat": issued, "exp": issued + self.ttl_s, "jti": str(uuid.uuid4())},
             self._key, algorithm="EdDSA", headers={"kid": self.kid, "typ": ENVELOPE_TYPE},
         )
 
@@ -379,6 +392,27 @@ def derive_operation_id(tenant_id: uuid.UUID, principal_id: str, idempotency_key
                         ) -> uuid.UUID:
     """The operation id of an intent: the same (tenant, principal, key) always gives the same."""
     return uuid.uuid5(OPERATION_NAMESPACE, f"{tenant_id}\x1f{principal_id}\x1f{idempotency_key}")
+
+
+def is_run_name(value: str) -> bool:
+    """Whether ``value`` may name a run: 1-128 characters of ``A-Z a-z 0-9 . _ : ~ -``,
+    starting with a letter or digit."""
+    return _RUN_NAME.fullmatch(value) is not None
+
+
+def derive_run_id(tenant_id: uuid.UUID, principal_id: str, run: str) -> uuid.UUID:
+    """The run id (the budgets' workflow id) of the run a principal names ``run``: the same
+    (tenant, principal, name) always gives the same id; another tenant or principal naming
+    the same string gets another id, so never shares the run's budget.
+
+    Raises:
+        errors.ValidationFailed: ``run`` is not a run name (``is_run_name``).
+    """
+    if not is_run_name(run):
+        raise errors.ValidationFailed(
+            "a run name is 1-128 characters of A-Z a-z 0-9 . _ : ~ -, starting with a letter "
+            "or digit")
+    return uuid.uuid5(RUN_NAMESPACE, f"{tenant_id}\x1f{principal_id}\x1f{run}")
 
 
 # --- development and test helpers ------------------------------------------------------------

@@ -1,9 +1,11 @@
 """Routes and the Kafka entry of ingress: thin; the work is in ``intake``.
 
 - ``POST /v1/requests``  → ``agent.requests.v1`` (202 with operation and request ids)
-- ``POST /v1/proposals`` → ``agent.proposals.v1`` (202 with operation and proposal ids)
-- ``gateway.proposals.v1`` (``authorization`` header, optional ``idempotency-key``) →
-  ``agent.proposals.v1``; invalid tokens and bodies go to ``gateway.proposals.dlq.v1``.
+- ``POST /v1/proposals`` → ``agent.proposals.v1`` (202 with operation and proposal ids, and
+  the run id when ``AgentLedger-Run`` names the run the proposal is a step of)
+- ``gateway.proposals.v1`` (``authorization`` header, optional ``idempotency-key`` and
+  ``agentledger-run``) → ``agent.proposals.v1``; invalid tokens, bodies and headers go to
+  ``gateway.proposals.dlq.v1``.
 
 No ``from __future__ import annotations``: FastAPI and FastStream read these signatures.
 """
@@ -27,6 +29,11 @@ _KEY = re.compile(KEY_PATTERN)
 
 AuthorizationHeader = Annotated[str | None, Header(max_length=8192)]
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", pattern=KEY_PATTERN)]
+# The run a proposal is a step of: its steps share the run's budgets (intake.Intake.run_id).
+RunHeader = Annotated[str | None, Header(
+    alias="AgentLedger-Run", pattern=identity.RUN_NAME_PATTERN,
+    description="The run this proposal is a step of (1-128 of A-Z a-z 0-9 . _ : ~ -): every "
+                "step of a run spends the same budget. Without it, the call is its own run.")]
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"description": "Missing or invalid session token"},
@@ -59,23 +66,25 @@ def _trace(request: Request) -> dict[str, str]:
 @api.post("/v1/requests", status_code=202, responses=ERRORS)
 async def submit_request(
     session: Session, body: models.RequestBody, request: Request,
-    idempotency_key: IdempotencyKey = None,
+    idempotency_key: IdempotencyKey = None, run: RunHeader = None,
 ) -> models.Accepted:
-    """Accept a goal for the planner; the same Idempotency-Key always gives the same operation."""
+    """Accept a goal for the planner; the same Idempotency-Key always gives the same operation.
+    A request is its own run: ``AgentLedger-Run`` is refused here (400, nothing published)."""
     return await _intake(request).submit_request(session, body, idempotency_key,
-                                                   _trace(request))
+                                                   _trace(request), run=run)
 
 
 @api.post("/v1/proposals", status_code=202, responses=ERRORS)
 async def submit_proposal(
     session: Session, body: models.ProposalBody, request: Request,
-    idempotency_key: IdempotencyKey = None,
+    idempotency_key: IdempotencyKey = None, run: RunHeader = None,
 ) -> models.Accepted:
     """Accept a gateway's own proposal for admission; 409 when its Idempotency-Key already
-    holds a command with other content (knowable now: nothing is published)."""
+    holds a command with other content (knowable now: nothing is published). With
+    ``AgentLedger-Run`` it is a step of that run and spends the run's budget."""
     await _intake(request).refuse_known_conflict(session, body, idempotency_key)
     return await _intake(request).submit_proposal(session, body, idempotency_key,
-                                                   _trace(request))
+                                                   _trace(request), run=run)
 
 
 def register_gateway_entry(broker: KafkaBroker, gate: intake.Intake, *, topic: str,
@@ -91,11 +100,15 @@ def register_gateway_entry(broker: KafkaBroker, gate: intake.Intake, *, topic: s
         key = raw_key.decode("latin-1") if raw_key is not None else None
         if key is not None and not _KEY.match(key):
             raise errors.PoisonMessage("idempotency-key header is malformed")
+        raw_run = headers.get("agentledger-run")
+        run = raw_run.decode("latin-1") if raw_run is not None else None
+        if run is not None and not identity.is_run_name(run):
+            raise errors.PoisonMessage("agentledger-run header is malformed")
         raw = msg.raw_message
         if not isinstance(raw, confluent_kafka.Message):
             raise TypeError("batch messages are not supported")
         seed = f"{raw.topic()}:{raw.partition()}:{raw.offset()}"
-        await gate.submit_proposal(session, body, key, headers, record_seed=seed)
+        await gate.submit_proposal(session, body, key, headers, record_seed=seed, run=run)
 
     broker.subscriber(
         topic, group_id=group_id, auto_offset_reset="earliest",

@@ -1,5 +1,13 @@
 """Accept a gateway's request or proposal: verify the session, fix the operation id, sign the
 identity envelope, publish. Shared by the HTTP routes and the ``gateway.proposals.v1`` entry.
+
+Runs: the envelope's request id is the workflow whose budgets (R7) the work spends. A
+request, and a proposal that names no run, is its own workflow (its own id). A proposal that
+names a run (``AgentLedger-Run``) binds the run id ``identity.derive_run_id`` gives for the
+session's tenant and principal and that name, so every step of the run spends one budget and
+no other tenant or principal can spend it. A request cannot name a run: the planner derives
+its proposal's id from the request id (``identity.planned_proposal_id``), which must stay the
+request's own.
 """
 
 from __future__ import annotations
@@ -121,9 +129,29 @@ class Intake:
             return uuid.uuid5(identity.RECORD_NAMESPACE, record_seed)
         return uuid.uuid4()
 
+    def run_id(self, session: identity.Session, run: str | None) -> uuid.UUID | None:
+        """The id of the run ``run`` names for this session, ``None`` without a run.
+
+        Raises:
+            errors.ValidationFailed: ``run`` is not a run name.
+        """
+        if run is None:
+            return None
+        return identity.derive_run_id(session.tenant_id, session.principal_id, run)
+
     async def submit_request(self, session: identity.Session, body: models.RequestBody,
-                             key: str | None, trace: Mapping[str, str | bytes]
-                             ) -> models.Accepted:
+                             key: str | None, trace: Mapping[str, str | bytes], *,
+                             run: str | None = None) -> models.Accepted:
+        """Publish a request to plan (its own run).
+
+        Raises:
+            errors.ValidationFailed: ``run`` is given (nothing is published).
+            errors.StorageError: Kafka did not acknowledge.
+        """
+        if run is not None:
+            raise errors.ValidationFailed(
+                "AgentLedger-Run names a run of proposals (POST /v1/proposals); a request to "
+                "plan is its own run. Nothing was published.")
         operation_id, request_id = self.operation_id(session, key), uuid.uuid4()
         message = requests.RequestV1(
             request_id=request_id, tenant_id=session.tenant_id,
@@ -170,27 +198,37 @@ class Intake:
 
     async def submit_proposal(self, session: identity.Session, body: models.ProposalBody,
                               key: str | None, trace: Mapping[str, str | bytes], *,
-                              record_seed: str | None = None) -> models.Accepted:
+                              record_seed: str | None = None, run: str | None = None
+                              ) -> models.Accepted:
+        """Publish a gateway's proposal, a step of ``run`` when one is named.
+
+        Raises:
+            errors.ValidationFailed: ``run`` is not a run name (nothing is published).
+            errors.StorageError: Kafka did not acknowledge.
+        """
+        run_id = self.run_id(session, run)
         operation_id = self.operation_id(session, key, record_seed)
         proposal_id = (uuid.uuid5(identity.RECORD_NAMESPACE, f"proposal:{record_seed}")
                        if record_seed is not None else uuid.uuid4())
+        binding = identity.proposal_binding(
+            tenant_id=session.tenant_id, principal_id=session.principal_id, action=body.action,
+            target=body.target, arguments=body.arguments,
+            expected_revision=body.expected_revision)
         message = proposals.ProposalV1(
             proposal_id=proposal_id, tenant_id=session.tenant_id,
             principal_id=session.principal_id, operation_id=operation_id, action=body.action,
             arguments=body.arguments, target=body.target,
             expected_revision=body.expected_revision, evidence_refs=body.evidence_refs,
             planner=proposals.PlannerInfo(name="gateway"),
-            identity=self._envelope(session, operation_id, proposal_id, identity.proposal_binding(
-                tenant_id=session.tenant_id, principal_id=session.principal_id,
-                action=body.action, target=body.target, arguments=body.arguments,
-                expected_revision=body.expected_revision)),
+            # The workflow admission reserves tool calls in: the run's, else its own.
+            identity=self._envelope(session, operation_id, run_id or proposal_id, binding),
             created_at=datetime.now(UTC),
         )
         await self._publish(self.proposals_topic, message, session, trace)
-        log.info("event=proposal_accepted tenant=%s operation_id=%s", session.tenant_id,
-                 operation_id)
+        log.info("event=proposal_accepted tenant=%s operation_id=%s run_id=%s",
+                 session.tenant_id, operation_id, run_id)
         return models.Accepted(operation_id=operation_id, tenant_id=session.tenant_id,
-                               proposal_id=proposal_id)
+                               proposal_id=proposal_id, run_id=run_id)
 
     def _envelope(self, session: identity.Session, operation_id: uuid.UUID,
                   request_id: uuid.UUID, binding: identity.Binding) -> str:

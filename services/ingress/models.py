@@ -44,3 +44,6 @@ class Accepted(BaseModel):
     tenant_id: UUID
     request_id: UUID | None = None
     proposal_id: UUID | None = None
+    run_id: UUID | None = Field(default=None, description=(
+        "The run the proposal is a step of (from AgentLedger-Run): the workflow id of the "
+        "budgets its steps share."))

@@ -27,7 +27,7 @@ from mcp.shared.exceptions import MCPError
 
 from agentledger import client as client_mod
 from agentledger import identity
-from agentledger.mcp import auth, idempotency
+from agentledger.mcp import auth, idempotency, runs
 from tests.e2e.pipeline import Pipeline, pipeline
 from tests.helpers import wait_until
 from tests.integration import processes
@@ -69,8 +69,10 @@ def _token(p: Pipeline, principal: str = "user:alice", roles: list[str] | None =
 
 
 @asynccontextmanager
-async def _http(url: str, token: str | None) -> AsyncIterator[Client]:
+async def _http(url: str, token: str | None, run: str | None = None) -> AsyncIterator[Client]:
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    if run is not None:
+        headers["AgentLedger-Run"] = run  # the session's run (issue 21 item 6)
     # The read bound covers a call's whole wait (WAIT_S) with margin.
     async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120)) as h, \
             Client(streamable_http_client(url, http_client=h)) as mcp:
@@ -311,3 +313,56 @@ def test_the_status_tool_of_another_process_reads_the_topics_within_the_tenant(w
     assert p.sessions is not None
     stranger = p.sessions.issue(str(uuid.uuid4()), "user:alice", ["user"])
     assert asyncio.run(ask(stranger)) == {"status": "not_found", "operation_id": done["operation_id"]}
+
+
+def _run_budget(p: Pipeline, principal: str, run: str) -> tuple[list[tuple[Any, ...]], list[str]]:
+    """(the run's tool-call budget row, its committed reservations' operation ids)."""
+    workflow = str(identity.derive_run_id(uuid.UUID(p.tenant), principal, run))
+    conn = psycopg2.connect(p.database_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT limit_amount, reserved, used FROM budget WHERE tenant_id = %s"
+                        " AND workflow_id = %s AND kind = 'tool_calls'", (p.tenant, workflow))
+            budget = list(cur.fetchall())
+            cur.execute("SELECT operation_id::text FROM budget_reservation WHERE tenant_id = %s"
+                        " AND workflow_id = %s AND state = 'committed'", (p.tenant, workflow))
+            return budget, sorted(str(row[0]) for row in cur.fetchall())
+    finally:
+        conn.close()
+
+
+def test_calls_naming_one_run_spend_one_budget(world: tuple[Pipeline, str, dict[str, str]]) -> None:
+    # Issue 21 item 6: the run comes from the call's _meta, else the session (the HTTP
+    # header; on stdio AGENTLEDGER_MCP_RUN); the steps of a run reserve in ONE budget.
+    p, url, env = world
+    token, run = _token(p), f"mcp-run-{uuid.uuid4().hex[:10]}"
+    bad_body = _note(p, f"bad run {uuid.uuid4()}")
+
+    async def calls() -> list[dict[str, Any]]:
+        async with _http(url, token) as mcp:
+            by_meta = [_answer(await mcp.call_tool("crm.note.create", _note(p, f"{run} meta {n}"),
+                                                   meta={runs.META_RUN: run})) for n in range(2)]
+        async with _http(url, token, run=run) as mcp:
+            by_header = _answer(await mcp.call_tool("crm.note.create", _note(p, f"{run} header")))
+            # _meta names another run for this one call.
+            elsewhere = _answer(await mcp.call_tool("crm.note.create", _note(p, f"{run} elsewhere"),
+                                                    meta={runs.META_RUN: f"{run}-x"}))
+        async with _stdio({**env, "AGENTLEDGER_MCP_RUN": run}, token) as mcp:
+            by_stdio = _answer(await mcp.call_tool("crm.note.create", _note(p, f"{run} stdio")))
+        return [*by_meta, by_header, by_stdio, elsewhere]
+    answers = asyncio.run(calls())
+    # The budget is spent at admission; an outcome slower than WAIT_S (a loaded box) is not
+    # what this test is about, so `in_progress` passes and the ledger is asked to a deadline.
+    assert all(a["status"] in ("succeeded", "in_progress") for a in answers), answers
+    expected = {run: ([(20, 0, 4)], sorted(a["operation_id"] for a in answers[:4])),
+                f"{run}-x": ([(20, 0, 1)], [answers[4]["operation_id"]])}
+    assert wait_until(lambda: all(_run_budget(p, "user:alice", name) == rows
+                                  for name, rows in expected.items()), timeout=60), (
+        {name: _run_budget(p, "user:alice", name) for name in expected})
+
+    # A malformed run is refused before anything is proposed.
+    refused = asyncio.run(_refused(lambda: _http(url, token), lambda mcp: mcp.call_tool(
+        "crm.note.create", bad_body, meta={runs.META_RUN: "not a run"})))
+    assert refused.code == types.INVALID_PARAMS and runs.META_RUN in refused.message
+    key = idempotency.derived_key("user:alice", "crm.note.create", bad_body)
+    assert p.state(client_mod.operation_id_for(token, key)) is None

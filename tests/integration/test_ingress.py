@@ -275,6 +275,38 @@ def test_kafka_entry_accepts_valid_tokens_and_dead_letters_bad_ones(world: World
                 or any(b"Bearer" in (v or b"") for _, v in (m.headers() or []))]
 
 
+def test_a_named_run_binds_the_envelope_over_http_and_kafka_and_a_bad_one_publishes_nothing(world: World) -> None:
+    # Issue 21 item 6: the steps of a run name it (AgentLedger-Run); their envelopes bind the
+    # run id, the budgets' workflow id. A bad name is refused (422 / DLQ), nothing published.
+    run, marker = f"run-{uuid.uuid4().hex[:8]}", "RUN-" + uuid.uuid4().hex
+    run_id = identity.derive_run_id(uuid.UUID(world.tenant_a), "user:alice", run)
+    note = {"action": "crm.note.create", "target": "cust-a", "arguments": {"customer_id": "cust-a", "body": marker}}
+    over_http = world.post("/v1/proposals", note, world.token(), **{"AgentLedger-Run": run})
+    assert over_http.status_code == 202 and over_http.json()["run_id"] == str(run_id), over_http.text
+    bad = world.post("/v1/proposals", note, world.token(), **{"AgentLedger-Run": "no spaces"})
+    assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_request", bad.text
+    as_request = world.post("/v1/requests", {"goal": f"add note: {marker}", "resource": "cust-a"}, world.token(),
+                            **{"AgentLedger-Run": run})
+    assert as_request.status_code == 400 and as_request.json()["error"]["code"] == "validation_failed"
+    producer = Producer({"bootstrap.servers": world.stack.kafka_bootstrap, "enable.idempotence": True, "acks": "all"})
+    auth = ("authorization", f"Bearer {world.token()}".encode())
+    producer.produce(world.gateway, value=json.dumps(note).encode(), key=b"k",
+                     headers=[auth, ("idempotency-key", f"{run}-kafka".encode()), ("agentledger-run", run.encode())])
+    producer.produce(world.gateway, value=json.dumps(note).encode(), key=b"k",
+                     headers=[auth, ("idempotency-key", f"{run}-bad".encode()), ("agentledger-run", b"a/b")])
+    assert producer.flush(15) == 0
+    over_kafka = str(identity.derive_operation_id(uuid.UUID(world.tenant_a), "user:alice", f"{run}-kafka"))
+    find(world.stack.kafka_bootstrap, world.proposals, lambda p: p["operation_id"] == over_kafka)
+    find(world.stack.kafka_bootstrap, topics.dlq_topic(world.gateway),
+         lambda d: d["error_code"] == "poison_message" and "agentledger-run" in d["reason"])
+    published = [json.loads(m.value()) for m in read_all(world.stack.kafka_bootstrap, world.proposals)
+                 if marker.encode() in m.value()]
+    assert sorted(p["operation_id"] for p in published) == sorted([over_http.json()["operation_id"], over_kafka])
+    assert {identity.verify_envelope(p["identity"], world.envelope_keys).request_id for p in published} == {run_id}
+    requests = [m for m in read_all(world.stack.kafka_bootstrap, world.requests) if marker.encode() in m.value()]
+    assert requests == []
+
+
 def test_limits_and_errors_are_clear_json(world: World) -> None:
     token = world.token()
     big = world.post("/v1/requests", {"goal": "x" * 70_000, "resource": "cust-a"}, token)

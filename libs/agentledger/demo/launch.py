@@ -180,14 +180,16 @@ def operator_config(where: Path) -> dict[str, str]:
 
 
 def http_declaration(crm_url: str) -> dict[str, Any]:
-    """The CRM's note API as agentledger-http declares it (configuration, no code)."""
-    try:
-        import agentledger_http
-    except ImportError as exc:
+    """The CRM's note API declared for agentledger-http: the example declaration the
+    distribution ships, read as an operator would copy it (configuration; no import)."""
+    from importlib import resources
+
+    if "http" not in plugins.installed():
         raise stack.DemoError("the declarative HTTP connector is not installed",
-                              "make bootstrap installs libs/agentledger-http into .venv"
-                              ) from exc
-    return agentledger_http.example("crm_notes", crm_url=crm_url)
+                              "make bootstrap installs libs/agentledger-http into .venv")
+    text = resources.files("agentledger_http").joinpath("examples", "crm_notes.json").read_text()
+    found: dict[str, Any] = json.loads(text.replace("{crm_url}", crm_url))
+    return found
 
 
 def _free_ports(preferred: dict[str, int | None]) -> dict[str, int]:

@@ -19,13 +19,11 @@ from typing import Any
 
 import asyncpg
 import httpx
-from confluent_kafka import Producer
 from rich.console import Console
 from rich.markup import escape
 
 from agentledger import client as gateway
-from agentledger import identity
-from agentledger.contracts import proposals, topics
+from agentledger.contracts import topics
 from agentledger.demo import seed
 from agentledger.demo.launch import BUDGET_TOOL_CALLS, World
 
@@ -272,36 +270,27 @@ async def injection_refused(s: Story) -> None:
 async def budget_runs_out(s: Story) -> None:
     s.out.rule("[bold]5 · A budget running out")
     w = s.world
-    request_id = uuid.uuid4()
+    run = f"demo-budget-{uuid.uuid4().hex[:12]}"
     steps = 5
-    s.say(f"An agent runtime fans one request out into {steps} steps (five notes) whose "
-          f"identity envelopes name the SAME request id {request_id}: one workflow. (Ingress "
-          "gives each HTTP call its own request, so the demo signs these with ingress' key "
-          "and publishes them to agent.proposals.v1 itself.) Admission grants a workflow "
-          f"{BUDGET_TOOL_CALLS} tool calls (AGENTLEDGER_ADMISSION_BUDGET_TOOL_CALLS).")
-    keys = seed.keys(Path(w.home))
-    signer = identity.EnvelopeSigner(keys.envelope_private, seed.ENVELOPE_KID)
-    producer = Producer({"bootstrap.servers": w.bootstrap, "enable.idempotence": True,
-                         "acks": "all"})
-    ops = [uuid.uuid4() for _ in range(steps)]
-    for n, op in enumerate(ops, 1):
-        arguments: dict[str, Any] = {"customer_id": "c-1001", "body": f"step {n} of {steps}"}
-        proposal = proposals.ProposalV1(
-            proposal_id=uuid.uuid4(), tenant_id=w.tenant, principal_id="user:alice",
-            operation_id=op, action="crm.note.create", arguments=arguments,
-            target="c-1001", planner=proposals.PlannerInfo(name="demo-runtime"),
-            identity=signer.sign(tenant_id=w.tenant, principal_id="user:alice",
-                                 operation_id=op, request_id=request_id, roles=["user"],
-                                 binding=identity.proposal_binding(
-                                     tenant_id=w.tenant, principal_id="user:alice",
-                                     action="crm.note.create", target="c-1001",
-                                     arguments=arguments, expected_revision=None)),
-            created_at=datetime.now(UTC))
-        producer.produce(w.topic(topics.PROPOSALS), key=str(w.tenant).encode(),
-                         value=proposal.model_dump_json(by_alias=True).encode())
-    if await asyncio.to_thread(producer.flush, 15) != 0:
-        raise RuntimeError("Kafka did not acknowledge the budget scenario's proposals")
-    w.operations["budget"] = {"request_id": str(request_id), "operations": [str(o) for o in ops]}
+    s.say(f"An agent runtime makes {steps} calls (five notes) that are steps of ONE run: each "
+          f"names it with the header AgentLedger-Run: {run}. Ingress binds every step's "
+          "identity envelope to the run's id (derived from tenant, principal and run name), "
+          f"so they share one budget: admission grants a run {BUDGET_TOOL_CALLS} tool calls "
+          "(AGENTLEDGER_ADMISSION_BUDGET_TOOL_CALLS).")
+    gw = s.gateway()
+    try:
+        submitted = [await gw.submit_proposal(
+            "crm.note.create", {"customer_id": "c-1001", "body": f"step {n} of {steps}"},
+            "c-1001", run=run) for n in range(1, steps + 1)]
+    finally:
+        await gw.aclose()
+    ops = [sub.operation_id for sub in submitted]
+    run_id = submitted[0].run_id
+    if run_id is None or any(sub.run_id != run_id for sub in submitted):
+        raise RuntimeError("ingress did not bind the budget scenario's steps to one run")
+    # `request_id`: the budget's workflow id, which is the run's id.
+    w.operations["budget"] = {"request_id": str(run_id), "run": run,
+                              "operations": [str(o) for o in ops]}
 
     async def settled() -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
         admitted = await s.rows("SELECT operation_id, state FROM agent_command"
@@ -315,7 +304,7 @@ async def budget_runs_out(s: Story) -> None:
         raise RuntimeError("admission did not answer the budget scenario's proposals in time")
     admitted, refused = found
     budget = await s.rows("SELECT limit_amount, reserved, used FROM budget"
-                          " WHERE workflow_id = $1 AND kind = 'tool_calls'", str(request_id))
+                          " WHERE workflow_id = $1 AND kind = 'tool_calls'", str(run_id))
     b = budget[0]
     s.fact(f"admitted {len(admitted)} steps, refused {len(refused)} with budget_exhausted "
            f"(each refusal audited as budget.exhausted); nothing more is scheduled")

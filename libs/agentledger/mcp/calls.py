@@ -2,7 +2,8 @@
 
 ``call`` checks the input as admission will, submits it with
 :meth:`agentledger.client.GatewayClient.submit_proposal` under the call's idempotency key
-(:mod:`agentledger.mcp.idempotency`), then waits a bounded time (``wait_s`` for the whole
+(:mod:`agentledger.mcp.idempotency`) as a step of the call's run, if it names one
+(:mod:`agentledger.mcp.runs`), then waits a bounded time (``wait_s`` for the whole
 call): first for admission's answer to THIS submission — a refusal, a pending approval
 (answered at once) or a recorded outcome — then for the outcome. Past the bound it answers
 ``in_progress`` with the operation id; ``status`` asks again later.
@@ -24,7 +25,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
 from agentledger import client, errors
-from agentledger.mcp import auth, idempotency, results, tools
+from agentledger.mcp import auth, idempotency, results, runs, tools
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +67,18 @@ class Calls:
                                     outcomes_topic=self._topics[1], http=self.http)
 
     async def call(self, caller: auth.Caller, name: str, tool_input: Mapping[str, Any],
-                   meta: Mapping[str, Any] | None) -> results.Answer:
+                   meta: Mapping[str, Any] | None, *, session_run: str | None = None
+                   ) -> results.Answer:
         """Propose one allowlisted action for ``caller`` and answer what is known.
+
+        Args:
+            session_run: The run of the caller's session (``runs.session_run``), used when
+                ``_meta`` names none.
 
         Raises:
             MCPError: ``INVALID_PARAMS`` for a tool this caller cannot see or a malformed
-                ``_meta`` key; ``auth.UNAUTHENTICATED`` when ingress refuses the token.
-                Nothing is proposed in either case.
+                ``_meta`` key or run; ``auth.UNAUTHENTICATED`` when ingress refuses the
+                token. Nothing is proposed in either case.
         """
         deadline = time.monotonic() + self.wait_s
         spec = self.catalog.allowlist.actions.get(name)
@@ -80,6 +86,7 @@ class Calls:
             raise MCPError(INVALID_PARAMS, f"no tool named {name[:64]!r} for this caller")
         try:
             key = idempotency.key_for(meta, caller.session.principal_id, name, tool_input)
+            run = runs.run_for(meta, session_run)
         except errors.ValidationFailed as exc:
             raise MCPError(INVALID_PARAMS, exc.message) from exc
         try:
@@ -91,7 +98,7 @@ class Calls:
         try:
             submitted = await gateway.submit_proposal(
                 name, proposal.arguments, proposal.target,
-                expected_revision=proposal.expected_revision, idempotency_key=key)
+                expected_revision=proposal.expected_revision, idempotency_key=key, run=run)
         except errors.IdentityRejected as exc:
             log.warning("event=mcp_ingress_rejected_token reason=%s", exc.message[:200])
             raise MCPError(auth.UNAUTHENTICATED, "ingress refused the session token",

@@ -3,7 +3,8 @@
 - ``tools/list``: the actions the caller's roles may propose under the current policy, and
   the status tool (:mod:`agentledger.mcp.tools`);
 - ``tools/call``: a proposal through ingress, answered with what is known
-  (:mod:`agentledger.mcp.calls`, :mod:`agentledger.mcp.results`);
+  (:mod:`agentledger.mcp.calls`, :mod:`agentledger.mcp.results`), a step of the run the call
+  or its session names (:mod:`agentledger.mcp.runs`);
 - every request is authenticated first (:mod:`agentledger.mcp.auth`).
 
 The low-level server, not ``MCPServer``: the tool list differs per caller, and the schemas
@@ -35,7 +36,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from agentledger import client, identity
-from agentledger.mcp import auth, calls, tools
+from agentledger.mcp import auth, calls, runs, tools
 from agentledger.mcp.settings import McpSettings
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import cedar
@@ -98,8 +99,9 @@ def build(settings: McpSettings, *, allowlist: allowlist_mod.Allowlist | None = 
         if params.name == tools.STATUS_TOOL:
             answer = await ctx.lifespan_context.status(caller, tool_input)
         else:
-            answer = await ctx.lifespan_context.call(caller, params.name, tool_input,
-                                                     params.meta)
+            answer = await ctx.lifespan_context.call(
+                caller, params.name, tool_input, params.meta,
+                session_run=runs.session_run(ctx.request, settings.run))
         return answer.to_result()
 
     return Server(

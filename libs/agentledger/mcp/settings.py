@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agentledger import identity
 from agentledger.contracts import topics
 
 
@@ -41,6 +42,10 @@ class McpSettings(BaseSettings):
     wait_threads: int = Field(default=64, ge=4, le=1024)
     # stdio has no request headers: the session token of the agent this process serves.
     token: SecretStr | None = None
+    # stdio only, like the token: the run every call of this process is a step of (its
+    # steps share the run's budgets; mcp.runs). Unset: each call is its own run. Over HTTP
+    # a client names its session's run with the AgentLedger-Run header instead.
+    run: str | None = Field(default=None, pattern=identity.RUN_NAME_PATTERN)
     # Verified exactly as ingress verifies it: the identity provider's public keys as JSON
     # {kid: PEM}, its issuer and the audience ingress expects.
     session_keys: dict[str, str]
