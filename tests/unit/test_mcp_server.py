@@ -26,7 +26,7 @@ def token(roles: list[str], private: str = PRIVATE) -> str:
 
 def settings(stdio_token: str | None) -> McpSettings:
     return McpSettings.model_validate({
-        "kafka_bootstrap": "127.0.0.1:9", "session_keys": {KID: PUBLIC},
+        "AGENTLEDGER_KAFKA_BOOTSTRAP": "127.0.0.1:9", "session_keys": {KID: PUBLIC},
         "session_issuer": ISS, "session_audience": AUD, "token": stdio_token})
 
 

@@ -97,7 +97,7 @@ class RecordingBroker:
 @pytest.fixture
 def ingress() -> tuple[TestClient, RecordingBroker]:
     cfg = IngressSettings.model_validate({
-        "kafka_bootstrap": "127.0.0.1:9", "session_keys": {"idp-1": IDP_PUBLIC},
+        "AGENTLEDGER_KAFKA_BOOTSTRAP": "127.0.0.1:9", "session_keys": {"idp-1": IDP_PUBLIC},
         "session_issuer": ISS, "session_audience": AUD, "envelope_key": ENVELOPE_PRIVATE})
     app = app_mod.create_app(cfg)
     broker = RecordingBroker()
@@ -244,7 +244,7 @@ def test_mcp_the_session_run_is_the_http_header_or_the_stdio_setting() -> None:
 
 
 def test_mcp_the_configured_run_is_validated() -> None:
-    base = {"kafka_bootstrap": "k:1", "session_keys": {}, "session_issuer": ISS}
+    base = {"AGENTLEDGER_KAFKA_BOOTSTRAP": "k:1", "session_keys": {}, "session_issuer": ISS}
     assert McpSettings.model_validate({**base, "run": "agent-7"}).run == "agent-7"
     with pytest.raises(pydantic.ValidationError):
         McpSettings.model_validate({**base, "run": "not a run"})
