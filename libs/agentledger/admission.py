@@ -206,9 +206,7 @@ class Admitter:
                     conn, proposal, spec, decided.decision, request_hash, *decided.sealed,
                     trace, decided.record, base)
         if admitted.status == "conflict":
-            return AdmissionResultV1.refused(errors.IdempotencyConflict(
-                "operation id already bound to a different request; nothing was changed",
-            ), decided_at=_now(), **base)
+            return _conflict(base)
         return AdmissionResultV1(
             **base, status=admitted.status, state=admitted.recorded.state,
             outcome=recorded_outcome(admitted.recorded, proposal), decided_at=_now())
@@ -336,9 +334,7 @@ class Admitter:
         if found is None:
             return None
         if found.status == "conflict":
-            return AdmissionResultV1.refused(errors.IdempotencyConflict(
-                "operation id already bound to a different request; nothing was changed",
-            ), decided_at=_now(), **base)
+            return _conflict(base)
         return AdmissionResultV1(
             **base, status="replayed", state=found.recorded.state,
             outcome=recorded_outcome(found.recorded, proposal), decided_at=_now())
@@ -410,9 +406,7 @@ class Admitter:
             await self._audit_rejection(proposal, exc)
             return AdmissionResultV1.refused(exc, decided_at=_now(), **base)
         if requested.status == "conflict":
-            return AdmissionResultV1.refused(errors.IdempotencyConflict(
-                "operation id already bound to a different request; nothing was changed",
-            ), decided_at=_now(), **base)
+            return _conflict(base)
         if requested.status == "admitted":
             assert requested.recorded is not None
             return AdmissionResultV1(
@@ -421,6 +415,13 @@ class Admitter:
         assert requested.approval is not None
         return AdmissionResultV1(**base, status="pending_approval",
                                  approval_id=requested.approval.approval_id, decided_at=_now())
+
+
+def _conflict(base: dict[str, Any]) -> AdmissionResultV1:
+    """The answer to a proposal whose operation id holds a different request."""
+    return AdmissionResultV1.refused(errors.IdempotencyConflict(
+        "operation id already bound to a different request; nothing was changed",
+    ), decided_at=_now(), **base)
 
 
 def _proposal_audit(proposal: ProposalV1, spec: allowlist_mod.ActionSpec) -> dict[str, Any]:
