@@ -42,12 +42,12 @@ async def test_success(world: World, database_url: str) -> None:
     op = await world.admit(t, NOTE, {"body": "hello"})
     assert await run(world, t, op) == "succeeded"
     e = await explain(database_url, t.tenant_id, op)
-    assert (e.proposed["action"], e.proposed["target"], e.proposed["principal"]) == (NOTE, t.customer_id, "user:alice")
-    assert e.proposed["planner"] == "test"
-    assert [(d["stage"], d["effect"]) for d in e.permitted["decisions"]] == [("admission", "allow"), ("dispatch", "allow")]
-    assert [(a["kind"], a["result"], a["fencing_generation"]) for a in e.attempted] == [("dispatch", "succeeded", 1)]
-    assert e.known["state"] == "succeeded" and e.known["receipt"].startswith("crm:note:")
-    assert [x["type"] for x in e.timeline] == ["command.admitted", "command.claimed", "command.succeeded"]
+    assert (e.proposed.action, e.proposed.target, e.proposed.principal) == (NOTE, t.customer_id, "user:alice")
+    assert e.proposed.planner == "test"
+    assert [(d.stage, d.effect) for d in e.permitted.decisions] == [("admission", "allow"), ("dispatch", "allow")]
+    assert [(a.kind, a.result, a.fencing_generation) for a in e.attempted] == [("dispatch", "succeeded", 1)]
+    assert e.known.state == "succeeded" and e.known.receipt.startswith("crm:note:")
+    assert [x.type for x in e.timeline] == ["command.admitted", "command.claimed", "command.succeeded"]
 
 
 async def test_lost_response_recovered_by_key(world: World, database_url: str) -> None:
@@ -57,8 +57,8 @@ async def test_lost_response_recovered_by_key(world: World, database_url: str) -
                          "action": "drop_after_commit", "times": 1})
     assert await run(world, t, op) == "succeeded"
     e = await explain(database_url, t.tenant_id, op)
-    assert [(a["kind"], a["result"]) for a in e.attempted] == [("dispatch", "unknown"), ("resend", "succeeded")]
-    assert e.known["state"] == "succeeded"
+    assert [(a.kind, a.result) for a in e.attempted] == [("dispatch", "unknown"), ("resend", "succeeded")]
+    assert e.known.state == "succeeded"
 
 
 async def test_unknown_then_reconciled_by_an_operator(world: World, database_url: str) -> None:
@@ -68,21 +68,21 @@ async def test_unknown_then_reconciled_by_an_operator(world: World, database_url
                          "action": "drop_after_commit", "times": 1})
     assert await run(world, t, op) == "unknown"
     mid = await explain(database_url, t.tenant_id, op)
-    assert mid.known["state"] == "unknown" and mid.known["receipt"] is None
+    assert mid.known.state == "unknown" and mid.known.receipt is None
     async with world.reconciler_pool.acquire() as conn:
         await resolutions.resolve_unknown(conn, t.tenant_id, op, outcome="succeeded", resolved_by="ops:bob",
                                        reason="seen in CRM", receipt="crm:refund:checked", evidence="effect log",
                                        receipt_check="unchecked", check_detail="billing declares no lookup")
     e = await explain(database_url, t.tenant_id, op)
     # Permitted: admission required approval, finance approved it, dispatch re-check allowed.
-    effects = [(d["stage"], d["effect"]) for d in e.permitted["decisions"]]
+    effects = [(d.stage, d.effect) for d in e.permitted.decisions]
     # At dispatch the current policy still says "needs approval" — it has one; only a deny stops it.
     assert effects == [("admission", "require_approval"), ("approval", "allow"),
                        ("dispatch", "require_approval")]
-    assert [(a["state"], a["decided_by"]) for a in e.permitted["approvals"]] == [("approved", "user:fiona")]
-    assert e.known["state"] == "succeeded"
-    assert [(r["resolved_by"], r["outcome"]) for r in e.known["reconciliations"]] == [("ops:bob", "succeeded")]
-    assert "command.reconciled" in [x["type"] for x in e.timeline]
+    assert [(a.state, a.decided_by) for a in e.permitted.approvals] == [("approved", "user:fiona")]
+    assert e.known.state == "succeeded"
+    assert [(r.resolved_by, r.outcome) for r in e.known.reconciliations] == [("ops:bob", "succeeded")]
+    assert "command.reconciled" in [x.type for x in e.timeline]
 
 
 async def test_denied_after_revocation(world: World, database_url: str) -> None:
@@ -92,9 +92,9 @@ async def test_denied_after_revocation(world: World, database_url: str) -> None:
         await policy_repo.revoke_principal(conn, t.tenant_id, "user:alice")
     assert await run(world, t, op) == "denied"
     e = await explain(database_url, t.tenant_id, op)
-    assert [(d["stage"], d["effect"]) for d in e.permitted["decisions"]][-1] == ("dispatch", "deny")
-    assert [a["result"] for a in e.attempted] == ["denied"]
-    assert e.known["state"] == "denied" and "current policy denies" in e.known["reason"]
+    assert [(d.stage, d.effect) for d in e.permitted.decisions][-1] == ("dispatch", "deny")
+    assert [a.result for a in e.attempted] == ["denied"]
+    assert e.known.state == "denied" and "current policy denies" in e.known.reason
 
 
 async def test_expired(world: World, database_url: str) -> None:
@@ -104,7 +104,7 @@ async def test_expired(world: World, database_url: str) -> None:
         await conn.execute("UPDATE agent_command SET expires_at = now() - interval '1 second' WHERE operation_id=$1", op)
     assert await run(world, t, op) == "expired"
     e = await explain(database_url, t.tenant_id, op)
-    assert e.known["state"] == "expired" and e.known["reason"].startswith("the authorization expired")
+    assert e.known.state == "expired" and e.known.reason.startswith("the authorization expired")
 
 
 async def test_precondition_failed(world: World, database_url: str) -> None:
@@ -114,8 +114,8 @@ async def test_precondition_failed(world: World, database_url: str) -> None:
     await world.crm.customer(str(t.tenant_id), t.customer_id, email="c@example.com")
     assert await run(world, t, op) == "review_required"
     e = await explain(database_url, t.tenant_id, op)
-    assert e.known["state"] == "review_required"
-    assert [a["result"] for a in e.attempted] == ["review_required"]
+    assert e.known.state == "review_required"
+    assert [a.result for a in e.attempted] == ["review_required"]
 
 
 async def test_other_tenants_and_unknown_operations_explain_nothing(world: World, database_url: str) -> None:

@@ -238,8 +238,8 @@ async def _explain_all(p: Pipeline, ops: list[str]) -> dict[str, checker.Explain
         out: dict[str, checker.Explained] = {}
         for op in ops:
             found = await audit_explain.explain(conn, tenant, uuid.UUID(op))
-            out[op] = checker.Explained(str(found.known["state"]), found.known["receipt"],
-                                        frozenset(str(e["event_id"]) for e in found.timeline))
+            out[op] = checker.Explained(found.known.state, found.known.receipt,
+                                        frozenset(e.event_id for e in found.timeline))
         return out
     finally:
         await conn.close()

@@ -11,24 +11,146 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from agentledger import errors, sql
 from agentledger.ledger import repository as ledger
+from agentledger.telemetry import spans
 
 Q = sql.load(Path(__file__).with_name("queries.sql"))
 
 
-class Explanation(BaseModel):
+class _Row(BaseModel):
+    """A ledger row as it reads in JSON: ids and times as strings, bytes as hex."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Evidence(_Row):
+    """One piece of evidence the proposal cited (its reference and digest, never its body)."""
+
+    ref: str | None = None
+    source: str | None = None
+    sha256: str | None = None
+    fetched_at: str | None = None
+
+
+class Proposed(_Row):
+    """What was proposed: the action, its target and principal, and who planned it."""
+
+    action: str | None
+    target: str | None
+    principal: str | None
+    planner: str | None
+    model: str | None
+    proposal_id: str | None
+    request_hash: str | None
+    allowlist_version: str | None
+    evidence: list[Evidence]
+
+
+class Decision(_Row):
+    """One policy decision (admission or dispatch stage) about the operation."""
+
+    decision_id: str
+    stage: str
+    effect: str
+    policy_version: str
+    reasons: list[Any]
+    reason: str | None
+    principal_id: str | None
+    decided_at: str
+
+
+class ApprovalSummary(_Row):
+    """One approval request the intent had, and how it was decided."""
+
+    approval_id: str
+    state: str
+    risk: str | None
+    decided_by: str | None
+    decided_at: str | None
+    decision_reason: str | None
+    expires_at: str | None
+    superseded_by: str | None
+
+
+class Permitted(_Row):
+    """What was permitted: every decision, every approval, and the authorization's validity."""
+
+    decisions: list[Decision]
+    approvals: list[ApprovalSummary]
+    command_decision_id: str | None
+    policy_version: str | None
+    valid_until: str | None
+
+
+class Attempt(_Row):
+    """One execution attempt (dispatch, resend, lookup …) and its result."""
+
+    attempt_id: str
+    kind: str
+    worker_id: str | None
+    fencing_generation: int | None
+    started_at: str
+    finished_at: str | None
+    result: str | None
+    detail: str | None
+
+
+class Resolution(_Row):
+    """An operator's reconciliation of an outcome the system could not know."""
+
+    resolved_by: str
+    resolved_at: str
+    outcome: str
+    receipt: str | None
+    reason: str | None
+    evidence: str | None
+
+
+class Known(_Row):
+    """What is known to have happened: the state, the provider's receipt, reconciliations."""
+
+    state: str
+    receipt: str | None
+    reason: str | None
+    finished_at: str | None
+    payload_purged: bool
+    reconciliations: list[Resolution]
+
+
+class TimelineEntry(_Row):
+    """One audit event, in the order the ledger recorded it."""
+
+    seq: int
+    type: str
+    recorded_at: str
+    event_id: str
+
+
+class Explanation(_Row):
     """The four answers about one operation, plus the audit timeline behind them."""
 
     tenant_id: UUID
     operation_id: UUID
-    proposed: dict[str, Any]
-    permitted: dict[str, Any]
-    attempted: list[dict[str, Any]]
-    known: dict[str, Any]
-    timeline: list[dict[str, Any]]
+    proposed: Proposed
+    permitted: Permitted
+    attempted: list[Attempt]
+    known: Known
+    timeline: list[TimelineEntry]
+    # The W3C trace its first traced event was recorded under (admission's, R8.2): where its
+    # spans are, when the services export them.
+    trace_id: str | None = None
+
+    def trace_link(self, traces_url: str | None) -> str | None:
+        """The operation's trace in a trace UI (Jaeger's ``/trace/<id>``), if both are known."""
+        if not (traces_url and self.trace_id):
+            return None
+        return f"{traces_url.rstrip('/')}/trace/{self.trace_id}"
+
+
+_EVIDENCE_KEYS = tuple(Evidence.model_fields)
 
 
 def _json(value: Any) -> Any:
@@ -75,38 +197,45 @@ async def explain(conn: ledger.Conn, tenant_id: UUID, operation_id: UUID) -> Exp
         (e["payload"] for e in events if e["type"] in ("command.admitted", "approval.requested")),
         {})
     evidence = approvals[0]["evidence"] if approvals else first_proposal.get("evidence", [])
-    proposed = {
-        "action": cmd.get("action") or (approvals[0]["action"] if approvals else None)
+    proposed = Proposed(
+        action=cmd.get("action") or (approvals[0]["action"] if approvals else None)
         or first_proposal.get("action"),
-        "target": cmd.get("resource_id") or (approvals[0]["resource_id"] if approvals else None),
-        "principal": cmd.get("principal_id") or first_proposal.get("principal_id"),
-        "planner": first_proposal.get("planner"),
-        "model": first_proposal.get("model"),
-        "proposal_id": first_proposal.get("proposal_id"),
-        "request_hash": cmd.get("request_hash") or (approvals[-1]["request_hash"]
-                                                    if approvals else None),
-        "allowlist_version": cmd.get("allowlist_version"),
-        "evidence": [{k: e.get(k) for k in ("ref", "source", "sha256", "fetched_at")}
-                     for e in evidence],
-    }
-    permitted = {
-        "decisions": decisions,
-        "approvals": [{k: a[k] for k in ("approval_id", "state", "risk", "decided_by",
-                                         "decided_at", "decision_reason", "expires_at",
-                                         "superseded_by")} for a in approvals],
-        "command_decision_id": cmd.get("decision_id"),
-        "policy_version": cmd.get("policy_version"),
-        "valid_until": cmd.get("expires_at"),
-    }
-    known = {
-        "state": cmd.get("state", "not admitted"),
-        "receipt": cmd.get("provider_receipt"),
-        "reason": cmd.get("outcome_reason"),
-        "finished_at": cmd.get("finished_at"),
-        "payload_purged": cmd.get("payload_purged_at") is not None,
-        "reconciliations": resolutions,
-    }
-    timeline = [{"seq": e["seq"], "type": e["type"], "recorded_at": e["recorded_at"],
-                 "event_id": e["event_id"]} for e in events]
+        target=cmd.get("resource_id") or (approvals[0]["resource_id"] if approvals else None),
+        principal=cmd.get("principal_id") or first_proposal.get("principal_id"),
+        planner=first_proposal.get("planner"),
+        model=first_proposal.get("model"),
+        proposal_id=first_proposal.get("proposal_id"),
+        request_hash=cmd.get("request_hash") or (approvals[-1]["request_hash"]
+                                                 if approvals else None),
+        allowlist_version=cmd.get("allowlist_version"),
+        evidence=[Evidence(**{k: e.get(k) for k in _EVIDENCE_KEYS}) for e in evidence],
+    )
+    permitted = Permitted(
+        decisions=[Decision(**d) for d in decisions],
+        approvals=[ApprovalSummary(**{k: a[k] for k in ApprovalSummary.model_fields})
+                   for a in approvals],
+        command_decision_id=cmd.get("decision_id"),
+        policy_version=cmd.get("policy_version"),
+        valid_until=cmd.get("expires_at"),
+    )
+    known = Known(
+        state=cmd.get("state", "not admitted"),
+        receipt=cmd.get("provider_receipt"),
+        reason=cmd.get("outcome_reason"),
+        finished_at=cmd.get("finished_at"),
+        payload_purged=cmd.get("payload_purged_at") is not None,
+        reconciliations=[Resolution(**r) for r in resolutions],
+    )
+    timeline = [TimelineEntry(seq=e["seq"], type=e["type"], recorded_at=e["recorded_at"],
+                              event_id=e["event_id"]) for e in events]
     return Explanation(tenant_id=tenant_id, operation_id=operation_id, proposed=proposed,
-                       permitted=permitted, attempted=attempts, known=known, timeline=timeline)
+                       permitted=permitted, attempted=[Attempt(**a) for a in attempts],
+                       known=known, timeline=timeline,
+                       trace_id=next((t for e in events if (t := _trace_id(e["traceparent"]))),
+                                     None))
+
+
+def _trace_id(traceparent: str | None) -> str | None:
+    """The trace id of a stored ``traceparent`` (``00-<32 hex>-<16 hex>-<flags>``), else None."""
+    context = spans.span_context_from(traceparent)
+    return format(context.trace_id, "032x") if context is not None else None

@@ -32,5 +32,5 @@ FROM command_resolution WHERE tenant_id = $1 AND operation_id = $2 ORDER BY reso
 
 -- name: events --
 -- The audit ledger's events for the operation, in the order they were recorded.
-SELECT event_id, seq, type, payload, recorded_at
+SELECT event_id, seq, type, payload, recorded_at, traceparent
 FROM audit_event WHERE tenant_id = $1 AND operation_id = $2 ORDER BY seq;
