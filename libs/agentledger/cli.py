@@ -231,29 +231,28 @@ def render_explanation(found: audit_explain.Explanation) -> None:
     """The four answers, for a person."""
     p, k = found.proposed, found.known
     console.rule(f"operation {found.operation_id}")
-    console.print(f"[bold]proposed[/bold]  {p['action']} on {p['target']} for {p['principal']} "
-                  f"by planner {p['planner']} (model {p['model']}); "
-                  f"{len(p['evidence'])} evidence item(s); hash {str(p['request_hash'])[:16]}…")
+    console.print(f"[bold]proposed[/bold]  {p.action} on {p.target} for {p.principal} "
+                  f"by planner {p.planner} (model {p.model}); "
+                  f"{len(p.evidence)} evidence item(s); hash {str(p.request_hash)[:16]}…")
     console.print("[bold]permitted[/bold]")
-    for d in found.permitted["decisions"]:
-        console.print(f"  {d['decided_at']}  {d['stage']:<9} {d['effect']:<16} "
-                      f"{d['policy_version'][:30]}  {d['reason']}", highlight=False)
-    for a in found.permitted["approvals"]:
-        console.print(f"  approval {a['approval_id']}: {a['state']} by {a['decided_by']} "
-                      f"({a['decision_reason']})", highlight=False)
+    for d in found.permitted.decisions:
+        console.print(f"  {d.decided_at}  {d.stage:<9} {d.effect:<16} "
+                      f"{d.policy_version[:30]}  {d.reason}", highlight=False)
+    for a in found.permitted.approvals:
+        console.print(f"  approval {a.approval_id}: {a.state} by {a.decided_by} "
+                      f"({a.decision_reason})", highlight=False)
     console.print("[bold]attempted[/bold]")
-    for a in found.attempted or [{"kind": "none"}]:
-        if a["kind"] == "none":
-            console.print("  nothing was attempted")
-            continue
-        console.print(f"  {a['started_at']}  {a['kind']:<8} worker={a['worker_id']} "
-                      f"generation={a['fencing_generation']} → {a['result']} {a['detail'] or ''}",
+    if not found.attempted:
+        console.print("  nothing was attempted")
+    for t in found.attempted:
+        console.print(f"  {t.started_at}  {t.kind:<8} worker={t.worker_id} "
+                      f"generation={t.fencing_generation} → {t.result} {t.detail or ''}",
                       highlight=False)
-    console.print(f"[bold]known[/bold]     state={k['state']} receipt={k['receipt']} "
-                  f"reason={k['reason']}", highlight=False)
-    for r in k["reconciliations"]:
-        console.print(f"  reconciled {r['outcome']} by {r['resolved_by']} at {r['resolved_at']}: "
-                      f"{r['reason']} (evidence: {r['evidence']})", highlight=False)
+    console.print(f"[bold]known[/bold]     state={k.state} receipt={k.receipt} "
+                  f"reason={k.reason}", highlight=False)
+    for r in k.reconciliations:
+        console.print(f"  reconciled {r.outcome} by {r.resolved_by} at {r.resolved_at}: "
+                      f"{r.reason} (evidence: {r.evidence})", highlight=False)
     console.print(f"[dim]{len(found.timeline)} audit events[/dim]")
 
 
