@@ -66,7 +66,7 @@ class _Decided:
     record: Callable[[repository.Conn], Awaitable[None]]
     refused: errors.AgentLedgerError | None = None
     admitted: repository.AdmitResult | None = None
-    sealed: tuple[bytes, int] | None = None  # the payload's ciphertext and key version
+    pending: repository.NewCommand | None = None  # the command an approver must decide on
 
 
 @dataclass
@@ -181,11 +181,23 @@ class Admitter:
                 ciphertext, key_version = await self.cipher.encrypt(
                     tx, proposal.tenant_id, proposal.operation_id,
                     canonical.canonical_bytes(arguments))
-                if decision.effect != "allow":  # require_approval
-                    return _Decided(decision, record, sealed=(ciphertext, key_version))
+                approval = decision.effect != "allow"  # require_approval
+                # The command, built once: admitted now, or held by the approval request.
+                command = repository.NewCommand(
+                    tenant_id=proposal.tenant_id, operation_id=proposal.operation_id,
+                    request_hash=request_hash, principal_id=proposal.principal_id,
+                    action=spec.name, connector=spec.connector, resource_id=proposal.target,
+                    expected_revision=proposal.expected_revision,
+                    decision_id=decision.decision_id, policy_version=decision.policy_version,
+                    allowlist_version=self.allowlist.version,
+                    expires_at=_now() + (self.approval_ttl if approval else self.decision_ttl),
+                    payload_ciphertext=ciphertext, payload_key_version=key_version,
+                    traceparent=trace.traceparent if trace else None,
+                    tracestate=trace.tracestate if trace else None)
+                if approval:
+                    return _Decided(decision, record, pending=command)
                 found = await self._admit_allowed(
-                    tx, proposal, spec, checked.workflow_id, decision, request_hash,
-                    ciphertext, key_version, trace, record)
+                    tx, proposal, spec, checked.workflow_id, command, record)
                 if isinstance(found, errors.BudgetExhausted):
                     return _Decided(decision, record, refused=found)
                 await faults.point("admission.before_commit")
@@ -200,11 +212,10 @@ class Admitter:
         if admitted is None:
             # Approval required: its own transaction (approvals.request), where the request,
             # its decision and audit commit together.
-            assert decided.sealed is not None
+            assert decided.pending is not None
             async with self.pool.acquire() as conn:
                 return await self._request_approval(
-                    conn, proposal, spec, decided.decision, request_hash, *decided.sealed,
-                    trace, decided.record, base)
+                    conn, proposal, spec, decided.pending, decided.record, base)
         if admitted.status == "conflict":
             return _conflict(base)
         return AdmissionResultV1(
@@ -227,8 +238,7 @@ class Admitter:
 
     async def _admit_allowed(
         self, tx: repository.Conn, proposal: ProposalV1, spec: allowlist_mod.ActionSpec,
-        workflow_id: str | None, decision: decision_mod.Decision, request_hash: bytes,
-        ciphertext: bytes, key_version: int, trace: common.TraceContext | None,
+        workflow_id: str | None, command: repository.NewCommand,
         record: Callable[[repository.Conn], Awaitable[None]],
     ) -> repository.AdmitResult | errors.BudgetExhausted:
         """Inside the caller's transaction: reserve one tool call of the request's budget
@@ -248,18 +258,7 @@ class Admitter:
                 # spent) earlier: answered as the replay (or conflict) it is, spending nothing.
             else:
                 reservation = reserved
-        result = await repository.admit_in(tx, repository.NewCommand(
-            tenant_id=proposal.tenant_id, operation_id=proposal.operation_id,
-            request_hash=request_hash, principal_id=proposal.principal_id,
-            action=spec.name, connector=spec.connector, resource_id=proposal.target,
-            expected_revision=proposal.expected_revision,
-            decision_id=decision.decision_id, policy_version=decision.policy_version,
-            allowlist_version=self.allowlist.version,
-            expires_at=_now() + self.decision_ttl,
-            payload_ciphertext=ciphertext, payload_key_version=key_version,
-            traceparent=trace.traceparent if trace else None,
-            tracestate=trace.tracestate if trace else None,
-        ), audit=_proposal_audit(proposal, spec))
+        result = await repository.admit_in(tx, command, audit=_proposal_audit(proposal, spec))
         await record(tx)
         if reservation is not None:
             await budgets.settle_in(tx, reservation, 1 if result.status == "admitted" else None)
@@ -373,9 +372,7 @@ class Admitter:
 
     async def _request_approval(
         self, conn: repository.Conn, proposal: ProposalV1, spec: allowlist_mod.ActionSpec,
-        decision: decision_mod.Decision, request_hash: bytes, ciphertext: bytes,
-        key_version: int, trace: common.TraceContext | None,
-        record: Any, base: dict[str, Any],
+        command: repository.NewCommand, record: Any, base: dict[str, Any],
     ) -> AdmissionResultV1:
         # Evidence excerpts are business data the planner read: encrypted at rest like the
         # payload (R3.6); the row keeps refs, sources and digests in the clear.
@@ -386,18 +383,9 @@ class Admitter:
                 conn, proposal.tenant_id, approvals.evidence_aad(proposal.operation_id),
                 json.dumps(full).encode())
         requested = await approvals.request(conn, approvals.NewApproval(
-            tenant_id=proposal.tenant_id, operation_id=proposal.operation_id,
-            proposal_id=proposal.proposal_id, principal_id=proposal.principal_id,
-            action=spec.name, connector=spec.connector, resource_id=proposal.target,
-            expected_revision=proposal.expected_revision, request_hash=request_hash,
-            payload_ciphertext=ciphertext, payload_key_version=key_version,
-            policy_version=decision.policy_version, allowlist_version=self.allowlist.version,
-            decision_id=decision.decision_id, risk=spec.risk,
+            command=command, proposal_id=proposal.proposal_id, risk=spec.risk,
             evidence=[{k: v for k, v in e.items() if k != "excerpt"} for e in full],
             evidence_ciphertext=sealed[0], evidence_key_version=sealed[1],
-            expires_at=_now() + self.approval_ttl,
-            traceparent=trace.traceparent if trace else None,
-            tracestate=trace.tracestate if trace else None,
         ), also=record, audit=_proposal_audit(proposal, spec))
         if requested.status == "replayed_envelope":
             exc = errors.IdentityRejected(
@@ -438,17 +426,5 @@ def recorded_outcome(
     recorded: repository.Recorded, proposal: ProposalV1
 ) -> outcomes.Outcome | None:
     """The outcome a replay returns: what the ledger recorded, or None while in flight."""
-    state, reason = recorded.state, recorded.outcome_reason or recorded.state
-    if state == "succeeded":
-        return outcomes.Succeeded(receipt=recorded.provider_receipt or "")
-    if state == "denied":
-        return outcomes.Denied(reason=reason)
-    if state == "expired":
-        return outcomes.Expired(reason=reason)
-    if state == "unknown":
-        return outcomes.Unknown(operation_id=proposal.operation_id)
-    if state == "review_required":
-        return outcomes.ReviewRequired(reason=reason)
-    if state == "failed":
-        return outcomes.Failed(reason=reason)
-    return None
+    return outcomes.of_state(proposal.operation_id, recorded.state, recorded.provider_receipt,
+                             recorded.outcome_reason or recorded.state)

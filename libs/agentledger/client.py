@@ -35,7 +35,7 @@ import pydantic
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from agentledger import errors, identity
-from agentledger.contracts import admission, outcomes, topics
+from agentledger.contracts import admission, common, outcomes, topics
 
 # Transient answers worth repeating with the same key; anything else is the caller's to fix.
 RETRY_STATUSES: Final = frozenset({429, 502, 503, 504})
@@ -362,7 +362,7 @@ def _accepted(response: httpx.Response, key: str) -> Submission:
         body = {}
     if response.status_code != 202:
         error = body.get("error", {}) if isinstance(body, dict) else {}
-        message = str(error.get("message", f"HTTP {response.status_code}"))[:500]
+        message = common.reason_text(str(error.get("message", f"HTTP {response.status_code}")))
         if response.status_code == 401:
             raise errors.IdentityRejected(message)
         if response.status_code == 409:

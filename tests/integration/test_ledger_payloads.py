@@ -99,14 +99,16 @@ async def _request_approval(db: asyncpg.Connection, cipher: keys.PayloadCipher, 
     full = [{"ref": "E1", "source": "crm:customers/c-1", "sha256": "0" * 64,
              "fetched_at": "2026-12-01T00:00:00+00:00", "excerpt": excerpt}]
     sealed, sealed_version = await cipher.encrypt(db, tenant, approvals.evidence_aad(op), json.dumps(full).encode())
-    requested = await approvals.request(db, approvals.NewApproval(
-        tenant_id=tenant, operation_id=op, proposal_id=uuid.uuid4(), principal_id="user:alice",
+    command = repository.NewCommand(
+        tenant_id=tenant, operation_id=op, principal_id="user:alice",
         action="billing.refund.create", connector="billing", resource_id="c-1", expected_revision=None,
         request_hash=os.urandom(32), payload_ciphertext=blob, payload_key_version=version,
-        policy_version="cedar/sha256:t", allowlist_version="sha256:t", decision_id=uuid.uuid4(), risk="high",
+        policy_version="cedar/sha256:t", allowlist_version="sha256:t", decision_id=uuid.uuid4(),
+        expires_at=datetime.now(UTC) + timedelta(hours=1))
+    requested = await approvals.request(db, approvals.NewApproval(
+        command=command, proposal_id=uuid.uuid4(), risk="high",
         evidence=[{k: v for k, v in e.items() if k != "excerpt"} for e in full],
-        evidence_ciphertext=sealed, evidence_key_version=sealed_version,
-        expires_at=datetime.now(UTC) + timedelta(hours=1)))
+        evidence_ciphertext=sealed, evidence_key_version=sealed_version))
     assert requested.approval is not None
     return requested.approval
 

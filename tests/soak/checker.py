@@ -31,9 +31,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentledger.ledger import tables
+from agentledger.contracts import commands
 
-TERMINAL = frozenset(tables.TERMINAL_STATES)
+TERMINAL = commands.TERMINAL_STATES
 # Examples kept per invariant in the report: enough to start a diagnosis, not the whole run.
 EXAMPLES = 5
 # The reasons with which a command of a keyed, looked-up connector is held for an operator

@@ -5,9 +5,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from agentledger import errors
+from agentledger import errors, sql
 from agentledger.contracts import (
     admission,
     commands,
@@ -157,6 +159,24 @@ def test_command_states() -> None:
         "review_required", "failed"}
     assert "unknown" not in commands.TERMINAL_STATES
     assert commands.TERMINAL_STATES < commands.COMMAND_STATES
+
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def _quoted(text: str) -> set[str]:
+    return set(re.findall(r"'([a-z_]+)'", re.sub(r"--[^\n]*", "", text)))
+
+
+def test_sql_state_lists_agree_with_the_one_definition() -> None:
+    """The SQL spells the states out (a CHECK, retention's filter); they must be these."""
+    checks = [m.group(1) for f in sorted((_REPO / "migrations").glob("*.sql"))
+              for m in re.finditer(r"agent_command_state_check CHECK \(state IN \((.*?)\)\);",
+                                   f.read_text(), re.S)]
+    assert checks and _quoted(checks[-1]) == commands.COMMAND_STATES
+    purge = sql.load(_REPO / "libs/agentledger/ledger/queries.sql")["purge_payloads"]
+    found = re.search(r"state IN \((.*?)\)", purge)
+    assert found is not None and _quoted(found.group(1)) == commands.TERMINAL_STATES
 
 
 # --- outcomes -----------------------------------------------------------------------------

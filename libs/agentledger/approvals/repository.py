@@ -20,6 +20,7 @@ from uuid import UUID
 from opentelemetry import trace
 
 from agentledger import errors, sql
+from agentledger.contracts import common
 from agentledger.ledger import repository as ledger
 from agentledger.policy import decision as decision_mod
 from agentledger.policy import repository as policy_repo
@@ -33,29 +34,19 @@ State = Literal["pending", "approved", "denied", "expired", "superseded"]
 Also = Callable[[ledger.Conn], Awaitable[None]]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NewApproval:
-    """A command that policy says needs a human, as admission validated and encrypted it."""
+    """A command that policy says needs a human, as admission validated and encrypted it.
 
-    tenant_id: UUID
-    operation_id: UUID
+    ``command`` is what approving admits (the approver's decision replaces its decision id
+    and policy version): its ``decision_id`` is admission's, its ``expires_at`` the
+    request's expiry, which stays the command's when approved.
+    """
+
+    command: ledger.NewCommand
     proposal_id: UUID
-    principal_id: str
-    action: str
-    connector: str
-    resource_id: str
-    expected_revision: str | None
-    request_hash: bytes
-    payload_ciphertext: bytes
-    payload_key_version: int
-    policy_version: str
-    allowlist_version: str
-    decision_id: UUID
     risk: str
     evidence: Sequence[Mapping[str, Any]]  # refs, sources, digests: never excerpts
-    expires_at: datetime
-    traceparent: str | None = None
-    tracestate: str | None = None
     # The full evidence (with excerpts), encrypted with the tenant's key (None: no evidence).
     evidence_ciphertext: bytes | None = None
     evidence_key_version: int | None = None
@@ -166,43 +157,44 @@ async def request(
     A pending request with another hash for the same intent is superseded by this one; an
     intent that already has a command is answered from the ledger.
     """
-    async with ledger.transaction(conn, new.tenant_id) as tx:
-        existing = await tx.fetchrow(ledger.Q["recorded_command"], new.tenant_id,
-                                     new.operation_id)
+    cmd = new.command
+    async with ledger.transaction(conn, cmd.tenant_id) as tx:
+        existing = await tx.fetchrow(ledger.Q["recorded_command"], cmd.tenant_id,
+                                     cmd.operation_id)
         if existing is not None:
             recorded = ledger.Recorded.from_row(existing)
-            same = hmac.compare_digest(recorded.request_hash, new.request_hash)
+            same = hmac.compare_digest(recorded.request_hash, cmd.request_hash)
             return Requested("admitted" if same else "conflict", recorded=recorded)
-        if await tx.fetchval(Q["proposal_with_other_content"], new.tenant_id,
-                             new.operation_id, new.proposal_id, new.request_hash):
+        if await tx.fetchval(Q["proposal_with_other_content"], cmd.tenant_id,
+                             cmd.operation_id, new.proposal_id, cmd.request_hash):
             # One proposal id, one content: ingress and the planner never reuse an id, so
             # this is an envelope replayed with new arguments (issue 17 §6). It must not
             # supersede what the principal really asked for.
             return Requested("replayed_envelope")
-        pending_row = await tx.fetchrow(Q["pending_for_operation"], new.tenant_id,
-                                        new.operation_id)
+        pending_row = await tx.fetchrow(Q["pending_for_operation"], cmd.tenant_id,
+                                        cmd.operation_id)
         superseded = None
         if pending_row is not None:
             pending = Approval.from_row(pending_row)
-            if hmac.compare_digest(pending.request_hash, new.request_hash):
+            if hmac.compare_digest(pending.request_hash, cmd.request_hash):
                 return Requested("pending", approval=pending)
             superseded = pending.approval_id
         approval_id = uuid.uuid4()
         if superseded is not None:
             # Closed first (one pending request per intent), linked once the new one exists.
-            await tx.execute(Q["supersede"], new.tenant_id, superseded, "system:revision",
+            await tx.execute(Q["supersede"], cmd.tenant_id, superseded, "system:revision",
                              "a revised proposal replaced it; it needs its own decision", None)
         row = await tx.fetchrow(
-            Q["insert_request"], approval_id, new.tenant_id, new.operation_id, new.proposal_id,
-            new.principal_id, new.action, new.connector, new.resource_id, new.expected_revision,
-            new.request_hash, new.payload_ciphertext, new.payload_key_version,
-            new.policy_version, new.allowlist_version, new.decision_id, new.risk,
-            json.dumps(list(new.evidence), default=str), new.expires_at, new.traceparent,
-            new.tracestate, new.evidence_ciphertext, new.evidence_key_version,
+            Q["insert_request"], approval_id, cmd.tenant_id, cmd.operation_id, new.proposal_id,
+            cmd.principal_id, cmd.action, cmd.connector, cmd.resource_id, cmd.expected_revision,
+            cmd.request_hash, cmd.payload_ciphertext, cmd.payload_key_version,
+            cmd.policy_version, cmd.allowlist_version, cmd.decision_id, new.risk,
+            json.dumps(list(new.evidence), default=str), cmd.expires_at, cmd.traceparent,
+            cmd.tracestate, new.evidence_ciphertext, new.evidence_key_version,
         )
         created = Approval.from_row(row)
         if superseded is not None:
-            await tx.execute(Q["link_superseded"], new.tenant_id, superseded, approval_id)
+            await tx.execute(Q["link_superseded"], cmd.tenant_id, superseded, approval_id)
             await _audit(tx, created, "approval.superseded", superseded=str(superseded))
         await _audit(tx, created, "approval.requested", **{"risk": new.risk, **(audit or {})})
         if also is not None:
@@ -315,14 +307,15 @@ async def decide(
         else:
             state: State = "approved" if approve else "denied"
             spans.annotate(outcome=state)
+            reason = common.reason_text(reason)
             closed = await tx.fetchrow(
-                Q["close_request"], tenant_id, approval_id, state, approver, reason[:500],
+                Q["close_request"], tenant_id, approval_id, state, approver, reason,
                 approver_decision.decision_id if approver_decision else None,
                 bytes.fromhex(pending.hash_hex),
             )
             decided = Approval.from_row(closed)
             await _audit(tx, decided, f"approval.{state}", decided_by=approver,
-                         reason=reason[:500])
+                         reason=reason)
             if approver_decision is not None:
                 await _record(tx, pending, approver, approver_decision)
             if also is not None:
@@ -331,16 +324,11 @@ async def decide(
                 assert approver_decision is not None
                 # The command continues this decision's trace, naming the request it resumes.
                 resumed_tp, resumed_ts = spans.resume(pending.traceparent, pending.tracestate)
-                admitted = await ledger.admit_in(tx, ledger.NewCommand(
-                    tenant_id=tenant_id, operation_id=pending.operation_id,
-                    request_hash=pending.request_hash, principal_id=pending.principal_id,
-                    action=pending.action, connector=pending.connector,
-                    resource_id=pending.resource_id,
-                    expected_revision=pending.expected_revision,
-                    decision_id=approver_decision.decision_id,
+                # Exactly the request's command (its hash, payload and expiry), under the
+                # approver's decision.
+                admitted = await ledger.admit_in(tx, ledger.NewCommand.of(
+                    pending, decision_id=approver_decision.decision_id,
                     policy_version=approver_decision.policy_version,
-                    allowlist_version=pending.allowlist_version,
-                    expires_at=pending.expires_at,
                     payload_ciphertext=_kept(pending.payload_ciphertext),
                     payload_key_version=_kept(pending.payload_key_version),
                     traceparent=resumed_tp, tracestate=resumed_ts,

@@ -11,22 +11,15 @@ from pydantic import field_validator
 
 from agentledger.contracts import common
 
-CommandState = Literal[
-    "pending",
-    "dispatching",
-    "succeeded",
-    "denied",
-    "expired",
-    "unknown",
-    "review_required",
-    "failed",
-]
-COMMAND_STATES: Final[frozenset[str]] = frozenset(get_args(CommandState))
+# The one definition of the command's states: the ledger's tables, its SQL (the state CHECK,
+# retention's terminal filter), the dispatcher and the reconciler all refer to these, and
+# tests/unit/test_contracts.py checks that the SQL lists agree with them.
 
 # States the command never leaves. ``unknown`` is not one: it waits for reconciliation (R6.6).
-TERMINAL_STATES: Final[frozenset[str]] = frozenset(
-    {"succeeded", "denied", "expired", "review_required", "failed"}
-)
+TerminalState = Literal["succeeded", "denied", "expired", "review_required", "failed"]
+CommandState = Literal["pending", "dispatching", "unknown", TerminalState]
+TERMINAL_STATES: Final[frozenset[str]] = frozenset(get_args(TerminalState))
+COMMAND_STATES: Final[frozenset[str]] = frozenset(get_args(CommandState))
 
 
 class ApprovedCommand(common.Contract):

@@ -187,3 +187,17 @@ class TraceContext(Contract):
         if self.tracestate:
             headers["tracestate"] = self.tracestate.encode()
         return headers
+
+
+# Free text kept about a decision or an outcome (a denial's reason, a provider's error, an
+# operator's note) is cut to this many characters before it is stored or sent. Its source
+# may be arbitrarily long (an HTML error page, a stack trace) and the ledger's text columns
+# have no bound of their own; 500 keeps every stored reason inside the outcome contracts'
+# ``Reason`` (2000), so a recorded reason always fits back into a message, and keeps audit
+# events small. (The allowlist's refund ``reason`` argument has the same maxLength.)
+REASON_MAX: Final = 500
+
+
+def reason_text(text: str) -> str:
+    """``text`` cut to :data:`REASON_MAX` characters, as the ledger keeps reasons."""
+    return text[:REASON_MAX]

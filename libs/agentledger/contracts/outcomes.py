@@ -79,6 +79,29 @@ class OutcomeEventV1(common.Contract):
     recorded_at: common.Timestamp
 
 
+def of_state(operation_id: UUID, state: str, receipt: str | None, reason: str) -> Outcome | None:
+    """The outcome a recorded ledger state stands for; None while the command is in flight
+    (``pending``, ``dispatching``). The one mapping from a state to its outcome: the outbox's
+    event and a replay's answer both use it.
+
+    Raises:
+        pydantic.ValidationError: ``succeeded`` without a receipt (never a success without one).
+    """
+    if state == "succeeded":
+        return Succeeded(receipt=receipt or "")
+    if state == "denied":
+        return Denied(reason=reason)
+    if state == "expired":
+        return Expired(reason=reason)
+    if state == "unknown":
+        return Unknown(operation_id=operation_id)
+    if state == "review_required":
+        return ReviewRequired(reason=reason)
+    if state == "failed":
+        return Failed(reason=reason)
+    return None
+
+
 def event_payload(
     tenant_id: UUID, operation_id: UUID, state: str, receipt: str | None, reason: str | None
 ) -> dict[str, Any] | None:
@@ -87,21 +110,8 @@ def event_payload(
     Raises:
         pydantic.ValidationError: ``succeeded`` without a receipt (never a success without one).
     """
-    outcome: Outcome
-    why = (reason or state)[:500]
-    if state == "succeeded":
-        outcome = Succeeded(receipt=receipt or "")
-    elif state == "denied":
-        outcome = Denied(reason=why)
-    elif state == "expired":
-        outcome = Expired(reason=why)
-    elif state == "unknown":
-        outcome = Unknown(operation_id=operation_id)
-    elif state == "review_required":
-        outcome = ReviewRequired(reason=why)
-    elif state == "failed":
-        outcome = Failed(reason=why)
-    else:
+    outcome = of_state(operation_id, state, receipt, common.reason_text(reason or state))
+    if outcome is None:
         return None
     event = OutcomeEventV1(tenant_id=tenant_id, operation_id=operation_id, outcome=outcome,
                            recorded_at=datetime.now(UTC))

@@ -25,6 +25,7 @@ from opentelemetry.trace import Link, Span, SpanKind
 
 from agentledger import errors, faults
 from agentledger.connectors import base
+from agentledger.contracts import commands, common
 from agentledger.ledger import dispatch, groupcommit, keys, repository
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import decision as decision_mod
@@ -45,7 +46,6 @@ RESENDS = 2
 NOT_SENT_RETRIES = 3
 
 Disposition = Literal["claimed", "terminal", "held", "missing", "foreign"]
-TERMINAL = frozenset({"succeeded", "denied", "expired", "review_required", "failed"})
 # Bounded names of what a call returned (span attribute and metric label).
 _RESULTS: dict[type, str] = {
     base.Applied: "applied", base.PreconditionFailed: "precondition_failed",
@@ -153,7 +153,7 @@ class Dispatcher:
                 row = await repository.load_command_in(tx, tenant_id, operation_id)
                 if row is None:
                     return Begun("missing")
-                if row["state"] in TERMINAL:
+                if row["state"] in commands.TERMINAL_STATES:
                     # Redelivery of a finished command: its recorded result stands (R5.7).
                     return Begun("terminal", state=row["state"])
                 if row["connector"] not in self.connectors:
@@ -273,7 +273,8 @@ class Dispatcher:
                 operation_id=row["operation_id"], stage="dispatch")
         # Only a denial stops a command: one a person approved stays approved (R2.6).
         if verdict.effect == "deny":
-            return ("denied", f"current policy denies it: {verdict.reason}"[:500]), decided
+            why = common.reason_text(f"current policy denies it: {verdict.reason}")
+            return ("denied", why), decided
         return None, decided
 
     async def _call(

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from uuid import UUID
 
 from agentledger import errors, sql
-from agentledger.contracts import outcomes
+from agentledger.contracts import commands, common, outcomes
 from agentledger.ledger import repository
 from agentledger.ledger.repository import Conn
 
@@ -50,9 +50,8 @@ AttemptKind = Literal["dispatch", "lookup", "resend"]
 # provider could not be asked (a connector without lookup, or an explicit unchecked record).
 ReceiptCheck = Literal["confirmed", "unchecked"]
 Requeued = Literal["requeued", "capped"]
-FinalState = Literal[
-    "pending", "succeeded", "denied", "expired", "unknown", "review_required", "failed"
-]
+# What ``finalize`` may record: any state but ``dispatching`` (a claim's, never an outcome).
+FinalState = Literal["pending", "unknown", commands.TerminalState]
 
 
 @dataclass(frozen=True)
@@ -233,9 +232,10 @@ def past_retention(tried: Sequence[dict[str, Any]], retention: timedelta | None,
     first = min(sent)
     if (now or datetime.now(UTC)) < _retention_edge(first, retention):
         return None
-    return (f"the first send ({first.isoformat(timespec='seconds')}) is past the provider's "
-            f"key retention ({retention}) less a margin: a resend could make a second effect "
-            "and a lookup proves nothing; an operator must check the provider")[:500]
+    return common.reason_text(
+        f"the first send ({first.isoformat(timespec='seconds')}) is past the provider's "
+        f"key retention ({retention}) less a margin: a resend could make a second effect "
+        "and a lookup proves nothing; an operator must check the provider")
 
 
 def _retention_edge(first_sent: datetime, retention: timedelta) -> datetime:
@@ -258,7 +258,8 @@ def looked_up_past_retention(tried: Sequence[dict[str, Any]],
 async def finish_attempt(conn: Conn, held: Claim, result: str, detail: str) -> None:
     """Close an attempt without finalizing the command (e.g. before a resend)."""
     async with repository.transaction(conn, held.tenant_id) as tx:
-        await tx.execute(Q["finish_attempt"], held.tenant_id, held.attempt_id, result, detail[:500])
+        await tx.execute(Q["finish_attempt"], held.tenant_id, held.attempt_id, result,
+                         common.reason_text(detail))
 
 
 async def finalize(
@@ -285,7 +286,7 @@ async def finalize(
         # The outcome, the attempt's end and both events in one statement.
         row = await tx.fetchrow(
             Q["finalize"], held.tenant_id, held.operation_id, held.token, state, receipt,
-            reason, held.attempt_id, attempt_result, (reason or receipt or "")[:500],
+            reason, held.attempt_id, attempt_result, common.reason_text(reason or receipt or ""),
             f"command.{state}", audit, f"outcome.{state}",
             None if outcome is None else repository.event_json(outcome), traceparent,
         )
@@ -324,25 +325,26 @@ async def requeue(
         StaleClaim: the claim was taken over; nothing was written.
     """
     if held.generation >= max_generations:
-        await finalize(conn, held, "unknown", traceparent=traceparent, reason=(
+        await finalize(conn, held, "unknown", traceparent=traceparent, reason=common.reason_text(
             f"retry cap: {held.generation} dispatch generations without a definitive answer "
-            f"(last: {reason[:200]}); held for an operator")[:500])
+            f"(last: {reason[:200]}); held for an operator"))
         return "capped"
+    reason = common.reason_text(reason)
     async with repository.transaction(conn, held.tenant_id) as tx:
         connector = await tx.fetchval(
-            Q["release"], held.tenant_id, held.operation_id, held.token, reason[:500], delay_s
+            Q["release"], held.tenant_id, held.operation_id, held.token, reason, delay_s
         )
         if connector is None:
             raise errors.StaleClaim("the lease was taken over; not requeued",
                                     operation_id=str(held.operation_id))
         await tx.execute(Q["finish_attempt"], held.tenant_id, held.attempt_id, "error",
-                         reason[:500])
+                         reason)
         await tx.execute(Q["drop_obligation"], held.tenant_id, held.operation_id)
         if delay_s is None:
             await tx.execute(Q["renew_obligation"], held.tenant_id, held.operation_id,
                              connector, traceparent, "command.requeued")
         payload: dict[str, Any] = {
-            "operation_id": str(held.operation_id), "reason": reason[:500],
+            "operation_id": str(held.operation_id), "reason": reason,
             "worker_id": held.worker_id, "fencing_generation": held.generation}
         if delay_s is not None:
             payload["retry_in_s"] = round(delay_s, 3)

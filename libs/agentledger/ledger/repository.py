@@ -239,9 +239,15 @@ async def _rollback(conn: Conn, statement: str = "ROLLBACK") -> None:
         conn.terminate()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NewCommand:
-    """Everything admission persists for one approved command (the payload already encrypted)."""
+    """The command's fields, defined once: what admission persists for one approved command
+    (the payload already encrypted), what an approval request holds until it is decided
+    (``approvals.NewApproval.command``), and what approving the request admits.
+
+    A plain slots dataclass, not a pydantic model: admission builds one per command on its
+    hot path from fields it has already validated.
+    """
 
     tenant_id: UUID
     operation_id: UUID
@@ -259,6 +265,14 @@ class NewCommand:
     payload_key_version: int
     traceparent: str | None = None
     tracestate: str | None = None
+
+    @classmethod
+    def of(cls, source: object, **changes: Any) -> NewCommand:
+        """The command ``source`` holds under the same attribute names (e.g. a stored
+        approval request), with ``changes`` applied."""
+        kept = {name: getattr(source, name)
+                for name in cls.__dataclass_fields__ if name not in changes}
+        return cls(**kept, **changes)
 
 
 @dataclass(frozen=True)
@@ -347,17 +361,24 @@ async def admit_in(
     await append_event(
         tx, tenant_id=cmd.tenant_id, operation_id=cmd.operation_id, family="audit",
         type=f"command.{status}",
-        payload={
-            "operation_id": str(cmd.operation_id), "principal_id": cmd.principal_id,
-            "action": cmd.action, "connector": cmd.connector,
-            "submitted_hash": cmd.request_hash.hex(),
-            "recorded_hash": recorded.request_hash.hex(), "state": recorded.state,
-            "decision_id": str(cmd.decision_id), "policy_version": cmd.policy_version,
-            "allowlist_version": cmd.allowlist_version, **(audit or {}),
-        },
+        payload=_admission_audit(
+            cmd.operation_id, cmd.principal_id, cmd.action, cmd.connector, cmd.request_hash,
+            recorded, {"decision_id": str(cmd.decision_id), "policy_version": cmd.policy_version,
+                       "allowlist_version": cmd.allowlist_version, **(audit or {})}),
         traceparent=cmd.traceparent, tracestate=cmd.tracestate,
     )
     return AdmitResult(status, recorded)
+
+
+def _admission_audit(
+    operation_id: UUID, principal_id: str, action: str, connector: str, submitted: bytes,
+    recorded: Recorded, more: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The ``command.admitted`` / ``replayed`` / ``conflict`` audit payload: both hashes and
+    the recorded state, so an auditor sees what was submitted against what the ledger holds."""
+    return {"operation_id": str(operation_id), "principal_id": principal_id, "action": action,
+            "connector": connector, "submitted_hash": submitted.hex(),
+            "recorded_hash": recorded.request_hash.hex(), "state": recorded.state, **(more or {})}
 
 
 async def admit(
@@ -418,12 +439,8 @@ async def replay_in(
     await append_event(
         tx, tenant_id=tenant_id, operation_id=operation_id, family="audit",
         type=f"command.{status}",
-        payload={
-            "operation_id": str(operation_id), "principal_id": principal_id,
-            "action": recorded.action, "connector": recorded.connector,
-            "submitted_hash": request_hash.hex(), "recorded_hash": recorded.request_hash.hex(),
-            "state": recorded.state, **(audit or {}),
-        },
+        payload=_admission_audit(operation_id, principal_id, recorded.action,
+                                 recorded.connector, request_hash, recorded, audit),
     )
     return AdmitResult(status, recorded)
 

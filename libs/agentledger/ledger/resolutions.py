@@ -9,7 +9,7 @@ from typing import Any, Literal
 from uuid import UUID
 
 from agentledger import errors
-from agentledger.contracts import outcomes
+from agentledger.contracts import common, outcomes
 from agentledger.ledger import repository
 from agentledger.ledger.dispatch import MAX_CALL_S, Q, ReceiptCheck
 from agentledger.ledger.repository import Conn
@@ -54,8 +54,9 @@ async def resolve_unknown(
         if acting:
             reason = (f"[OVERRIDE: resolved while {len(acting)} attempt(s) may still act] "
                       + reason)
+        short = common.reason_text(reason)
         row = await tx.fetchrow(Q["resolve_unknown"], tenant_id, operation_id, outcome, receipt,
-                                reason[:500])
+                                short)
         if row is None:
             raise errors.InvalidTransition("only an unknown command can be resolved",
                                            operation_id=str(operation_id))
@@ -66,9 +67,10 @@ async def resolve_unknown(
             tx, tenant_id=tenant_id, operation_id=operation_id, family="audit",
             type="command.reconciled",
             payload={"operation_id": str(operation_id), "outcome": outcome,
-                     "resolved_by": resolved_by, "reason": reason[:500], "receipt": receipt,
+                     "resolved_by": resolved_by, "reason": short, "receipt": receipt,
                      "resolution_id": str(resolution["resolution_id"]),
-                     "receipt_check": receipt_check, "check_detail": check_detail[:500],
+                     "receipt_check": receipt_check,
+                     "check_detail": common.reason_text(check_detail),
                      "overrode_acting_attempts": len(acting)},
         )
         await repository.append_event(

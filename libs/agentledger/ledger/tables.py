@@ -24,12 +24,6 @@ from sqlalchemy.dialects.postgresql import JSONB, UUID
 
 metadata = MetaData()
 
-COMMAND_STATES = (
-    "pending", "dispatching", "succeeded", "denied", "expired", "unknown",
-    "review_required", "failed",
-)
-TERMINAL_STATES = ("succeeded", "denied", "expired", "review_required", "failed")
-
 
 def _ts(name: str, *, nullable: bool = True, default_now: bool = False) -> Column[object]:
     return Column(

@@ -24,7 +24,7 @@ from typing import Any, Final, Protocol
 import httpx
 
 from agentledger import errors
-from agentledger.contracts import proposals
+from agentledger.contracts import common, proposals
 from agentledger.planning import retrieval
 from agentledger.policy import allowlist as allowlist_mod
 
@@ -111,7 +111,7 @@ class RulesAdapter:
             return Plan("billing.refund.create", {
                 "customer_id": customer, "invoice_id": found["invoice"],
                 "amount_minor": int(minor), "currency": found["currency"].upper(),
-                "reason": task.goal.strip()[:500],
+                "reason": common.reason_text(task.goal.strip()),
             }, customer, refs)
         return Refusal("no_action", "no rule matches the goal")
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agentledger import errors, identity, sql
+from agentledger.contracts import common
 from agentledger.ledger import repository as ledger
 from agentledger.policy import repository
 
@@ -156,7 +157,7 @@ async def _change(
         await ledger.append_event(
             tx, tenant_id=tenant_id, operation_id=None, family="audit", type=f"principal.{change}",
             payload={"principal_id": principal_id, "by": actor.principal_id,
-                     "reason": reason[:500], "created": created, **(detail or {}),
+                     "reason": common.reason_text(reason), "created": created, **(detail or {}),
                      "roles_before": list(before.roles), "roles_after": list(after.roles),
                      "revoked_before": before.revoked, "revoked_after": after.revoked})
     return after
