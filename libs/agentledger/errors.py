@@ -9,6 +9,17 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+__all__ = ["AccessDenied", "AgentLedgerError", "AnswersUndelivered", "ApprovalExpired",
+           "ApprovalMismatch", "ApprovalNotFound", "AttemptMayStillAct", "BrokerUnavailable",
+           "BudgetExhausted", "CommandNotFound", "ConfigurationError", "DataRejected",
+           "DecodeError", "DecryptionFailed", "DeliveryFailed", "DeliveryStalled",
+           "IdempotencyConflict", "IdentityRejected", "InvalidArguments", "InvalidTransition",
+           "MigrationError", "NotAnOperator", "NotInLedgerYet", "NotVisibleYet", "PayloadPurged",
+           "PoisonMessage", "PolicyDenied", "PrincipalNotFound", "PublicationMissing",
+           "ReceiptContradicted", "ReceiptUnverifiable", "RelayError", "ReplicationLost",
+           "ResourceNotFound", "ShadowRefused", "SlotMissing", "StaleClaim", "StaleRevision",
+           "StorageError", "TenantNotSet", "UnknownAction", "ValidationFailed"]
+
 
 class AgentLedgerError(Exception):
     """An agentledger operation failed."""
