@@ -42,3 +42,5 @@ fi
 # Mailpit (the e-mail connector's real SMTP server) is built from its Go module; the script
 # fetches a Go toolchain from the Go module proxy when this machine has no usable Go.
 bash "$ROOT/deploy/local/mailpit.sh" install
+# kustomize and kubeconform, which the deploy tier runs over every overlay (same Go, same way).
+bash "$ROOT/deploy/local/gotools.sh" deploy

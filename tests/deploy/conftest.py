@@ -20,10 +20,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 # Timings the Debezium test reports (fetch, worker start, streaming), shown after the run.
 TIMINGS: list[str] = []
+# What `kustomize build` rendered and kubeconform concluded, per overlay, shown after the run.
+MANIFEST_RESULTS: list[str] = []
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if TIMINGS:
         terminalreporter.section("deploy timings")
         for line in TIMINGS:
+            terminalreporter.write_line(line)
+    if MANIFEST_RESULTS:
+        terminalreporter.section("kustomize + kubeconform")
+        for line in MANIFEST_RESULTS:
             terminalreporter.write_line(line)

@@ -1,8 +1,10 @@
 """deploy/k8s validates offline and keeps the promises the issue makes about it.
 
-Built-in kinds are validated (strict: unknown fields refused) against the Kubernetes JSON
-schemas shipped inside the ``kubernetes-validate`` wheel; the two CRDs (Strimzi KafkaTopic,
-KEDA ScaledObject) against small schemas in tests/deploy/schemas. No network is used.
+Every overlay is built with the real ``kustomize`` and every object it renders is checked by
+``kubeconform -strict`` (both built by deploy/local/gotools.sh). Built-in kinds are validated
+(strict: unknown fields refused) against the Kubernetes JSON schemas shipped inside the
+``kubernetes-validate`` wheel; the two CRDs (Strimzi KafkaTopic, KEDA ScaledObject) against
+small schemas in tests/deploy/schemas. No network is used.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections import defaultdict
@@ -18,19 +21,20 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
 from pydantic_settings import BaseSettings
 
+from tests.deploy.conftest import MANIFEST_RESULTS
 from tests.deploy.test_compose import SETTINGS
-
-kubernetes_validate = pytest.importorskip(
-    "kubernetes_validate", reason="dev dependency: pip install kubernetes-validate")
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 BASE = K8S / "base"
 SCHEMAS = Path(__file__).with_name("schemas")
+# Where deploy/local/gotools.sh (run by the bootstrap) builds kustomize and kubeconform.
+LOCAL_BIN = Path(os.environ.get("AGENTLEDGER_LOCAL_DIR", ROOT / ".local")) / "bin"
 # The oldest minor the manifests must work on; every field used exists there.
 KUBERNETES_VERSION = "1.30.0"
 CRD_SCHEMAS = {
@@ -375,16 +379,110 @@ def test_network_policies_draw_the_authority_boundary(docs: list[dict[str, Any]]
         assert labels["agentledger.dev/component"] == "executor"
 
 
-@pytest.mark.parametrize("directory", ["base", "overlays/dev"])
-def test_kustomize_build_renders_valid_manifests(directory: str) -> None:
-    """With the real kustomize (go install sigs.k8s.io/kustomize/kustomize/v5) on PATH."""
-    binary = shutil.which("kustomize")
-    if binary is None:
-        pytest.skip("kustomize is not on PATH; the reference checks above still ran")
-    out = subprocess.run([binary, "build", str(K8S / directory)], capture_output=True,
-                         text=True, timeout=120)
+# ----------------------------------------------------------------------------- kubeconform
+def _tool(name: str) -> str:
+    """A Go tool deploy/local/gotools.sh built (the bootstrap runs it): never skipped."""
+    built = LOCAL_BIN / name
+    found = str(built) if built.is_file() else shutil.which(name)
+    assert found, f"{name} is missing: run bash deploy/local/gotools.sh deploy"
+    return found
+
+
+def _reachable(schema: Any, definitions: dict[str, Any]) -> dict[str, Any]:
+    """The ``$defs`` entries ``schema`` refers to, transitively (refs already rewritten)."""
+    needed: dict[str, Any] = {}
+    todo = [schema]
+    while todo:
+        text = json.dumps(todo.pop())
+        for name in re.findall(r'"#/\$defs/([^"]+)"', text):
+            if name not in needed:
+                needed[name] = definitions[name]
+                todo.append(definitions[name])
+    return needed
+
+
+@pytest.fixture(scope="session")
+def schema_locations(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """kubeconform ``-schema-location`` templates that never leave this machine.
+
+    kubernetes-validate ships each kind's strict schema with ``$ref``s into one shared
+    ``/api/_definitions.json``; kubeconform wants one self-contained file per kind (its
+    "standalone" layout), so each kind is written with the definitions it reaches. The CRDs
+    (Strimzi KafkaTopic, KEDA ScaledObject) use the schemas in tests/deploy/schemas.
+    """
+    source = (Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" /
+              f"v{KUBERNETES_VERSION}-local-strict")
+    definitions = json.loads((source / "_definitions.json").read_text())["$defs"]
+    root = tmp_path_factory.mktemp("kubeconform-schemas")
+    target = root / f"v{KUBERNETES_VERSION}-standalone-strict"
+    target.mkdir()
+    for path in source.glob("*.json"):
+        if path.name.startswith("_") or path.name == "all.json":
+            continue
+        schema = json.loads(path.read_text().replace("/api/_definitions.json#/$defs/",
+                                                     "#/$defs/"))
+        if "kind" not in schema.get("properties", {}):
+            continue  # a sub-object (PodSpec...), never a document of its own
+        schema["$defs"] = _reachable(schema, definitions)
+        (target / path.name).write_text(json.dumps(schema))
+    return [
+        f"{root}/{{{{ .NormalizedKubernetesVersion }}}}-standalone{{{{ .StrictSuffix }}}}/"
+        "{{ .ResourceKind }}{{ .KindSuffix }}.json",
+        f"{SCHEMAS}/{{{{ .ResourceKind }}}}-{{{{ .Group }}}}-{{{{ .ResourceAPIVersion }}}}.json",
+    ]
+
+
+def _kubeconform(manifests: str, locations: list[str]) -> subprocess.CompletedProcess[str]:
+    """kubeconform -strict over ``manifests``: unknown fields and duplicate keys refused,
+    a kind without a schema an error (no -ignore-missing-schemas), nothing fetched."""
+    argv = [_tool("kubeconform"), "-strict", "-summary", "-output", "text",
+            "-kubernetes-version", KUBERNETES_VERSION]
+    for location in locations:
+        argv += ["-schema-location", location]
+    return subprocess.run([*argv, "-"], input=manifests, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def _build(directory: Path) -> str:
+    out = subprocess.run([_tool("kustomize"), "build", str(directory)], capture_output=True,
+                         text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
-    rendered = [d for d in yaml.safe_load_all(out.stdout) if d]
+    return out.stdout
+
+
+@pytest.mark.parametrize("directory", [
+    "base", *(f"overlays/{p.name}" for p in sorted((K8S / "overlays").iterdir()))])
+def test_kustomize_build_renders_manifests_kubeconform_accepts(
+    directory: str, schema_locations: list[str]
+) -> None:
+    """Every overlay builds with the real kustomize and every object passes kubeconform."""
+    built = _build(K8S / directory)
+    rendered = [d for d in yaml.safe_load_all(built) if d]
     assert len(rendered) == len([doc for _, doc in _resources(BASE)])
-    for doc in rendered:
+    checked = _kubeconform(built, schema_locations)
+    lines = checked.stdout.strip().splitlines()
+    kinds = sorted({d["kind"] for d in rendered})
+    MANIFEST_RESULTS.append(f"kustomize build deploy/k8s/{directory}: {len(rendered)} objects (" +
+                            ", ".join(f"{k} {sum(d['kind'] == k for d in rendered)}"
+                                      for k in kinds) + ")")
+    MANIFEST_RESULTS.extend(f"  kubeconform {line}" for line in lines[-1:])
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert lines[-1].endswith(
+        f"{len(rendered)} resources found parsing stdin - Valid: {len(rendered)}, "
+        "Invalid: 0, Errors: 0, Skipped: 0"), lines[-1]
+    for doc in rendered:  # the same objects, through kubernetes-validate as well
         _validate(doc)
+
+
+def test_kubeconform_refuses_a_typo_in_a_builtin_kind_and_a_crd(
+    schema_locations: list[str]
+) -> None:
+    rendered = [d for d in yaml.safe_load_all(_build(BASE)) if d]
+    deployment = copy.deepcopy(next(d for d in rendered if d["kind"] == "Deployment"))
+    deployment["spec"]["template"]["spec"]["terminationGracePeriod"] = 90
+    scaled = copy.deepcopy(next(d for d in rendered if d["kind"] == "ScaledObject"))
+    scaled["spec"]["triggers"][0]["metadata"]["lagTreshold"] = "10"
+    for broken in (deployment, scaled):
+        checked = _kubeconform(yaml.safe_dump(broken), schema_locations)
+        assert checked.returncode != 0, checked.stdout
+        assert "Invalid: 1" in checked.stdout, checked.stdout
