@@ -162,14 +162,9 @@ start_node() {
 }
 
 stop_node() {  # stop_node ID SIGNAL
-  local id=$1 sig=$2 pf pid; pf=$(pidfile "$id")
-  if pid_alive "$pf"; then
-    pid=$(cat "$pf")
-    kill -"$sig" "$pid" 2>/dev/null || true
-    # A controlled shutdown takes a few seconds; after 60 s we stop waiting.
-    wait_until 60 "node $id exit" bash -c "! kill -0 $pid" || { log "forcing node $id"; kill -KILL "$pid" 2>/dev/null || true; }
-  fi
-  rm -f "$pf"
+  # A controlled shutdown takes a few seconds; after 60 s the node is killed.
+  local id=$1
+  stop_recorded "$(pidfile "$id")" "$(node_dir "$id")/server.properties" "node $id" 60 "$2"
 }
 
 stop() {  # every node this cluster directory holds, whatever the counts are now

@@ -72,16 +72,9 @@ start() {
 }
 
 stop() {
-  if pid_alive "$PIDFILE"; then
-    local pid; pid=$(cat "$PIDFILE")
-    log "stopping Kafka (pid $pid)"
-    kill -TERM "$pid" 2>/dev/null || true
-    # Controlled shutdown normally takes a few seconds; after 60 s we stop waiting.
-    wait_until 60 "kafka exit" bash -c "! kill -0 $pid" || { log "forcing"; kill -KILL "$pid" 2>/dev/null || true; }
-  fi
-  # Orphans from a lost pid file: only brokers started with our own properties file.
-  pkill -KILL -f "kafka.Kafka $PROPS" 2>/dev/null || true
-  rm -f "$PIDFILE"
+  # The broker this script started, by the pid it recorded (never by a process pattern);
+  # its controlled shutdown normally takes a few seconds, after 60 s it is killed.
+  stop_recorded "$PIDFILE" "$PROPS" Kafka 60
   # A cluster started earlier with AGENTLEDGER_KAFKA_BROKERS=3 stops with a plain `down` too.
   if [ -d "$KDIR/cluster" ]; then
     env -u AGENTLEDGER_KAFKA_BROKERS bash "$(dirname "$0")/kafka-cluster.sh" stop

@@ -394,6 +394,33 @@ def derive_operation_id(tenant_id: uuid.UUID, principal_id: str, idempotency_key
     return uuid.uuid5(OPERATION_NAMESPACE, f"{tenant_id}\x1f{principal_id}\x1f{idempotency_key}")
 
 
+# What an idempotency key may be (ingress' Idempotency-Key header, the gateway record's
+# header, MCP's _meta key): what a retry must repeat verbatim; the CRM's key alphabet.
+IDEMPOTENCY_KEY_PATTERN: Final = r"^[A-Za-z0-9._:~-]{1,255}$"
+_IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
+
+
+def is_idempotency_key(value: str) -> bool:
+    """Whether ``value`` may be an idempotency key (:data:`IDEMPOTENCY_KEY_PATTERN`)."""
+    return _IDEMPOTENCY_KEY.fullmatch(value) is not None
+
+
+def submission_ids(tenant_id: uuid.UUID, principal_id: str, key: str | None, *,
+                   record: tuple[str, int, int] | None = None) -> tuple[uuid.UUID, uuid.UUID]:
+    """(operation id, proposal id) of a submitted proposal.
+
+    The operation id is the key's (:func:`derive_operation_id`) when there is a key, else the
+    gateway record's (:func:`record_ids`, so a redelivered record yields the same ids), else
+    new. The proposal id is the record's, else new.
+    """
+    from_record = record_ids(*record) if record is not None else None
+    if key is not None:
+        operation_id = derive_operation_id(tenant_id, principal_id, key)
+    else:
+        operation_id = from_record[0] if from_record is not None else uuid.uuid4()
+    return operation_id, (from_record[1] if from_record is not None else uuid.uuid4())
+
+
 def is_run_name(value: str) -> bool:
     """Whether ``value`` may name a run: 1-128 characters of ``A-Z a-z 0-9 . _ : ~ -``,
     starting with a letter or digit."""

@@ -7,15 +7,13 @@ import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
-import asyncpg
 import confluent_kafka
 
 from agentledger import admission, crypto, errors, identity, services
 from agentledger.connectors import plugins
 from agentledger.contracts import topics
 from agentledger.kafka import batch
-from agentledger.kafka import topics as kafka_topics
-from agentledger.ledger import groupcommit, keys, repository
+from agentledger.ledger import groupcommit, keys
 from agentledger.policy import allowlist
 from agentledger.policy import repository as policy_repo
 from agentledger.services.admission import handlers
@@ -33,27 +31,26 @@ class AdmissionService:
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Serve until SIGTERM/SIGINT (or ``stop``), then finish the batch in hand and leave."""
         cfg = self.cfg
-        stop = services.stop_on_signals(stop)
         rules = allowlist.Allowlist.load()
         if cfg.require_identity and not cfg.envelope_keys:
             raise errors.IdentityRejected(
                 "AGENTLEDGER_ADMISSION_ENVELOPE_KEYS is empty: admission cannot verify identities")
         keys_ = identity.KeySet.from_pem(cfg.envelope_keys) if cfg.require_identity else None
-        await asyncio.to_thread(kafka_topics.ensure, cfg.kafka_bootstrap, {
-            cfg.proposals_topic: cfg.partitions, cfg.admissions_topic: cfg.partitions,
-            topics.dlq_topic(cfg.proposals_topic): 1,
-        }, replication=cfg.kafka_replication_factor)
-
-        async def init(conn: asyncpg.Connection) -> None:
-            repository.bound_silence(conn)  # a silent network fails a statement, never hangs it
-            if cfg.db_role:
-                await conn.execute(f'SET ROLE "{cfg.db_role}"')
-
         configured = plugins.configured(cfg.connectors, cfg.crm_url)
-        resolver = plugins.resolver(configured, plugins.read_tokens(
-            configured, cfg.read_tokens, cfg.crm_read_tokens))
-        pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=cfg.pool_size,
-                                         init=init, reset=repository.keep_session)
+        async with services.started(
+            database_url=cfg.database_url, role=cfg.db_role, pool_size=cfg.pool_size,
+            bootstrap=cfg.kafka_bootstrap, topics={
+                cfg.proposals_topic: cfg.partitions, cfg.admissions_topic: cfg.partitions,
+                topics.dlq_topic(cfg.proposals_topic): 1,
+            }, replication=cfg.kafka_replication_factor, stop=stop,
+        ) as running:
+            resolver = plugins.resolver(configured, plugins.read_tokens(
+                configured, cfg.read_tokens, cfg.crm_read_tokens))
+            await self._serve(running, rules, keys_, resolver)
+
+    async def _serve(self, running: services.Running, rules: allowlist.Allowlist,
+                     keys_: identity.KeySet | None, resolver: plugins.RoutingResolver) -> None:
+        cfg, pool = self.cfg, running.pool
         producer = confluent_kafka.Producer(
             batch.producer_config(cfg.kafka_bootstrap, client_id="agentledger-admission"))
         commits = groupcommit.GroupCommit(pool)
@@ -79,12 +76,11 @@ class AdmissionService:
             await batch.BatchConsumer(
                 connect, producer, handlers.handler(admitter, cfg.admissions_topic),
                 max_records=cfg.batch_size, concurrency=cfg.concurrency,
-            ).run(stop)
+            ).run(running.stop)
         finally:
             commits.log_stats()
             await asyncio.to_thread(producer.flush, 10)
             await resolver.aclose()
-            await pool.close()
 
 
 def create_app(settings: AdmissionSettings | None = None) -> AdmissionService:

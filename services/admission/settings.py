@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agentledger import admission
 from agentledger import settings as shared
 from agentledger.contracts import topics
 
@@ -27,7 +28,7 @@ class AdmissionSettings(BaseSettings):
     require_identity: bool = True
     # Tool calls one request may admit (R7); 0 disables the budget.
     budget_tool_calls: int = 20
-    approval_ttl_s: float = 3600.0
+    approval_ttl_s: float = admission.DEFAULT_APPROVAL_TTL.total_seconds()
     crm_url: str = "http://127.0.0.1:8090"  # the demo connectors' URL when none are configured
     connectors: shared.ConnectorOptions = None
     # tenant id → a read-only CRM token, as JSON; resolution never needs more than read. Used
@@ -52,4 +53,4 @@ class AdmissionSettings(BaseSettings):
     # its target first, then waits for a pooled connection).
     batch_size: int = 500
     concurrency: int = 32
-    decision_ttl_s: float = 900.0
+    decision_ttl_s: float = admission.DEFAULT_DECISION_TTL.total_seconds()

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Final
 from uuid import UUID
 
-from agentledger import errors
+from agentledger import errors, web
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ MESSAGES: Final = {
     "mismatch": "The request pending is not the one you were shown. Nothing was decided; "
                 "review it again.",
     "already_decided": "This request was already decided.",
-    "not_permitted": "Policy does not let you approve this request (nobody approves their own "
+    "not_permitted": "Policy does not let you decide this request (nobody approves their own "
                      "request; refunds over 500.00 need a finance approver).",
     "conflict": "The intent was already admitted with another payload. Nothing was approved.",
     "not_allowlisted": "This action is no longer on the allowlist and cannot be approved.",
@@ -47,25 +47,27 @@ def of(exc: errors.AgentLedgerError) -> Answer:
             return Answer(410, "expired", MESSAGES["expired"])
         if closed == "superseded":
             return Answer(409, "superseded", MESSAGES["superseded"])
+    # The status is the error's (web.STATUS); the console only picks the words.
     # Subclasses before their parents: StaleRevision and ApprovalMismatch are ValidationFailed.
-    table: tuple[tuple[type[errors.AgentLedgerError], int, str], ...] = (
-        (errors.ApprovalNotFound, 404, "not_found"),
-        (errors.CommandNotFound, 404, "not_found"),
-        (errors.ApprovalExpired, 410, "expired"),
-        (errors.StaleRevision, 409, "superseded"),
-        (errors.ApprovalMismatch, 422, "mismatch"),
-        (errors.InvalidTransition, 409, "already_decided"),
-        (errors.IdempotencyConflict, 409, "conflict"),
-        (errors.PolicyDenied, 403, "not_permitted"),
-        (errors.UnknownAction, 409, "not_allowlisted"),
-        (errors.DecryptionFailed, 409, "unreadable"),
+    codes: tuple[tuple[type[errors.AgentLedgerError], str], ...] = (
+        (errors.ApprovalNotFound, "not_found"),
+        (errors.CommandNotFound, "not_found"),
+        (errors.ApprovalExpired, "expired"),
+        (errors.StaleRevision, "superseded"),
+        (errors.ApprovalMismatch, "mismatch"),
+        (errors.InvalidTransition, "already_decided"),
+        (errors.IdempotencyConflict, "conflict"),
+        (errors.PolicyDenied, "not_permitted"),
+        (errors.UnknownAction, "not_allowlisted"),
+        (errors.DecryptionFailed, "unreadable"),
     )
-    for kind, status, code in table:
+    status = web.status_of(exc)
+    for kind, code in codes:
         if isinstance(exc, kind):
             return Answer(status, code, MESSAGES[code])
     if exc.retryable:
-        return Answer(503, "unavailable", MESSAGES["unavailable"])
-    return Answer(400, exc.code, exc.message)
+        return Answer(status, "unavailable", MESSAGES["unavailable"])
+    return Answer(status, exc.code, exc.message)
 
 
 def approval_id(raw: str) -> UUID:

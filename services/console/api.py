@@ -13,7 +13,7 @@ import asyncpg
 from fastapi import APIRouter, Depends, Header, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentledger import identity
+from agentledger import identity, web
 from agentledger.approvals import repository as approvals
 from agentledger.audit import explain as audit_explain
 from agentledger.services.console import answers, auth, review
@@ -27,7 +27,7 @@ def bearer_session(
 ) -> identity.Session:
     """Raises IdentityRejected (401) or NotAnApprover (403)."""
     gate = cast(auth.Gate, request.app.state.gate)
-    return gate.verify(auth.bearer(authorization))
+    return gate.verify(web.bearer(authorization))
 
 
 Session = Annotated[identity.Session, Depends(bearer_session)]

@@ -14,10 +14,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from starlette.exceptions import HTTPException
 
-from agentledger import crypto, errors, web
-from agentledger.ledger import keys, repository
+from agentledger import crypto, db, errors, web
+from agentledger.ledger import keys
 from agentledger.policy import allowlist
 from agentledger.policy import repository as policy_repo
+from agentledger.resources import crm_client
 from agentledger.services.console import answers, api, auth, pages, review
 from agentledger.services.console.settings import ConsoleSettings
 
@@ -61,7 +62,8 @@ async def _agentledger_error(request: Request, exc: Exception) -> Response:
         return _json_error(403, "not_an_approver", exc.message)
     if isinstance(exc, errors.IdentityRejected):
         log.info("event=request_rejected code=%s reason=%s", exc.code, exc.message[:200])
-        response = _json_error(401, exc.code, "the session token is missing or invalid")
+        response = _json_error(web.status_of(exc), exc.code,
+                               "the session token is missing or invalid")
         response.headers["www-authenticate"] = "Bearer"
         return response
     answer = answers.of(exc)
@@ -103,27 +105,19 @@ def create_app(settings: ConsoleSettings | None = None) -> FastAPI:
         csrf_secret=cfg.csrf_secret.get_secret_value() if cfg.csrf_secret else None)
     master = crypto.MasterKey.from_b64(cfg.master_key.get_secret_value())
 
-    async def init(conn: asyncpg.Connection) -> None:
-        if cfg.db_role:
-            await conn.execute(f'SET ROLE "{cfg.db_role}"')
-
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=cfg.pool_size,
-                                         init=init, reset=repository.keep_session)
+        pool = await db.create_pool(cfg.database_url, role=cfg.db_role, size=cfg.pool_size)
         client = httpx.AsyncClient(base_url=cfg.crm_url, timeout=cfg.crm_timeout_s)
-
-        async def as_auditor(conn: asyncpg.Connection) -> None:
-            await conn.execute('SET ROLE "agentledger_auditor"')
         # `explain` reads the audit ledger, which only the auditor role may read.
-        audit_pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=2,
-                                               init=as_auditor, reset=repository.keep_session)
+        audit_pool = await db.create_pool(cfg.database_url, role="agentledger_auditor", size=2)
         app.state.audit_pool = audit_pool
         app.state.pool = pool
         app.state.console = review.Console(
             pool=pool, allowlist=allowlist.Allowlist.load(),
             authorizer=policy_repo.CedarAuthorizer(), cipher=keys.PayloadCipher(master),
-            records=review.CurrentRecords(client, cfg.crm_read_tokens))
+            records=review.CurrentRecords(crm_client.CrmReader(cfg.crm_url, cfg.crm_read_tokens,
+                                                        client=client)))
         log.info("event=console_ready port=%s", cfg.port)
         try:
             yield

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Final
 
 from agentledger import errors, identity
-from agentledger.policy import repository as policy_repo
+from agentledger.approvals import rules
 
-# A first filter on the token's claims; the directory decides (policy_repo.require_approver).
-APPROVING_ROLES: Final = policy_repo.APPROVING_ROLES
+# A first filter on the token's claims; the directory and Cedar decide (approvals.rules).
+APPROVING_ROLES: Final = rules.APPROVING_ROLES
 SESSION_COOKIE: Final = "agentledger_console"
 # Holds a random value until sign-in, so a cross-site page cannot sign a browser in under
 # an attacker's session (login CSRF): the sign-in form must echo it.
@@ -72,11 +72,3 @@ class Gate:
 
     def csrf_ok(self, token: str, submitted: str | None) -> bool:
         return submitted is not None and hmac.compare_digest(self.csrf_token(token), submitted)
-
-
-def bearer(authorization: str | None) -> str | None:
-    """The token of an ``Authorization: Bearer`` header, or None."""
-    if not authorization:
-        return None
-    scheme, _, token = authorization.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None

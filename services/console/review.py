@@ -2,16 +2,15 @@
 
 A review puts the pending request (``agentledger.approvals``) next to the target record as
 the CRM answers NOW (read scope only), so the approver sees the concrete change as a diff
-against the current record (R2.4). A decision asks the policy whether this approver may
-approve this request, reads the current revision again, and hands both to
-``approvals.decide``, which admits exactly the hash the approver was shown or nothing (R2.5).
+against the current record (R2.4). A decision is the library's
+(``approvals.rules.decide``: who may approve or deny, asked of Cedar); the console only
+supplies the CRM's current revision and the session's principal.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -19,14 +18,15 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
-import httpx
 
 from agentledger import errors, identity
 from agentledger.approvals import repository as approvals
+from agentledger.approvals import rules
 from agentledger.ledger import keys
 from agentledger.ledger import repository as ledger
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import repository as policy_repo
+from agentledger.resources import crm_client
 
 log = logging.getLogger(__name__)
 
@@ -49,32 +49,34 @@ class Current:
 
 
 class CurrentRecords:
-    """Reads customers from the CRM with each tenant's read-only token."""
+    """The target as the CRM answers now, with each tenant's read-only token."""
 
-    def __init__(self, client: httpx.AsyncClient, read_tokens: Mapping[str, str]) -> None:
-        self._client, self._tokens = client, dict(read_tokens)
+    def __init__(self, reader: crm_client.CrmReader) -> None:
+        self._reader = reader
 
     async def fetch(self, tenant_id: UUID, customer_id: str) -> Current:
-        token = self._tokens.get(str(tenant_id))
-        if token is None:
+        if not self._reader.reads_tenant(tenant_id):
             return Current(None, None, "unavailable")
         try:
-            response = await self._client.get(
-                f"/v1/customers/{customer_id}", headers={"Authorization": f"Bearer {token}"})
-        except httpx.HTTPError as exc:
-            log.warning("event=crm_read_failed tenant_id=%s error=%s", tenant_id,
-                        type(exc).__name__)
+            found = await self._reader.customer(tenant_id, customer_id)
+        except (errors.StorageError, errors.IdentityRejected) as exc:
+            log.warning("event=crm_read_failed tenant_id=%s error=%s", tenant_id, exc.code)
             return Current(None, None, "unavailable")
-        if response.status_code in (404, 422):
+        if found is None:
             return Current(None, None, "not_found")
-        if response.status_code != 200:
-            log.warning("event=crm_read_failed tenant_id=%s status=%s", tenant_id,
-                        response.status_code)
-            return Current(None, None, "unavailable")
-        etag = response.headers.get("ETag", "")
-        body = response.json()
-        return Current(body if isinstance(body, dict) else None,
-                       etag.removeprefix("W/").strip('"') or None)
+        return Current(dict(found.record) or None, found.revision)
+
+    async def revision(self, pending: approvals.Approval) -> str | None:
+        """The target's revision now (``approvals.rules.RevisionReader``).
+
+        Raises:
+            errors.StorageError: The CRM did not answer.
+        """
+        current = await self.fetch(pending.tenant_id, pending.resource_id)
+        if current.problem == "unavailable":
+            raise errors.StorageError(
+                "the CRM did not answer: the current record could not be checked")
+        return current.revision
 
 
 @dataclass(frozen=True)
@@ -207,16 +209,7 @@ class Console:
                       evidence=evidence)
 
     async def _arguments(self, conn: ledger.Conn, a: approvals.Approval) -> dict[str, Any] | None:
-        if a.payload_ciphertext is None or a.payload_key_version is None:
-            return None  # purged by retention, long after the decision
-        try:
-            plain = await self.cipher.decrypt(conn, a.tenant_id, a.operation_id,
-                                              a.payload_ciphertext, a.payload_key_version)
-        except errors.DecryptionFailed:
-            log.warning("event=approval_payload_unreadable approval_id=%s", a.approval_id)
-            return None
-        value = json.loads(plain)
-        return value if isinstance(value, dict) else None
+        return await rules.arguments(conn, self.cipher, a)
 
     async def _evidence(self, conn: ledger.Conn, a: approvals.Approval
                         ) -> list[dict[str, Any]] | None:
@@ -244,45 +237,9 @@ class Console:
             IdempotencyConflict, UnknownAction (approving an action no longer allowlisted),
             StorageError (the database, or the CRM for a revision-bound action, failed).
         """
-        tenant, approver = session.tenant_id, session.principal_id
         async with self.pool.acquire() as conn:
-            # Only a current approver of this tenant reads or closes a request, whatever the
-            # token claims; Cedar then decides whether this one may approve this request.
-            await policy_repo.require_approver(conn, tenant, approver)
-            pending = await approvals.get(conn, tenant, approval_id)
-            verdict = None
-            if approve:
-                spec = self.allowlist.get(pending.action)
-                arguments = await self._arguments(conn, pending)
-                if arguments is None:
-                    raise errors.DecryptionFailed("the proposed arguments cannot be read")
-                verdict = await self.authorizer.may_approve(
-                    conn, tenant_id=tenant, approver_id=approver,
-                    requester_id=pending.principal_id, action=spec,
-                    resource_id=pending.resource_id, arguments=arguments)
-            spec_now = self.allowlist.actions.get(pending.action)
-            requires_revision = bool(spec_now and spec_now.requires_revision)
-            current_revision = None
-            if requires_revision and approve:
-                current = await self.records.fetch(tenant, pending.resource_id)
-                if current.problem == "unavailable":
-                    raise errors.StorageError(
-                        "the CRM did not answer: the current record could not be checked")
-                current_revision = current.revision
-
-            async def record(tx: ledger.Conn) -> None:
-                if verdict is not None:
-                    await policy_repo.record_decision(
-                        tx, verdict, tenant_id=tenant, principal_id=approver,
-                        action=pending.action, resource_id=pending.resource_id,
-                        operation_id=pending.operation_id, stage="approval")
-
-            decided, admitted = await approvals.decide(
-                conn, tenant, approval_id, approver=approver, approve=approve,
-                shown_hash=shown_hash, reason=reason, approver_decision=verdict,
-                current_revision=current_revision,
-                requires_revision=requires_revision and approve, also=record)
-        log.info("event=approval_decided tenant_id=%s approval_id=%s operation_id=%s state=%s "
-                 "decided_by=%s", tenant, approval_id, decided.operation_id, decided.state,
-                 approver)
-        return decided, admitted
+            return await rules.decide(
+                conn, authorizer=self.authorizer, allowlist=self.allowlist, cipher=self.cipher,
+                revision=self.records.revision, tenant_id=session.tenant_id,
+                approver_id=session.principal_id, approval_id=approval_id, approve=approve,
+                shown_hash=shown_hash, reason=reason)

@@ -8,7 +8,6 @@ import os
 import socket
 from dataclasses import dataclass
 
-import asyncpg
 import confluent_kafka
 
 from agentledger import crypto, services
@@ -16,8 +15,7 @@ from agentledger.connectors import base, plugins
 from agentledger.contracts import topics
 from agentledger.executor import dispatcher, inflight
 from agentledger.kafka import batch
-from agentledger.kafka import topics as kafka_topics
-from agentledger.ledger import dispatch, groupcommit, keys, repository
+from agentledger.ledger import dispatch, groupcommit, keys
 from agentledger.policy import allowlist
 from agentledger.policy import repository as policy_repo
 from agentledger.services.executor import handlers
@@ -35,7 +33,6 @@ class ExecutorService:
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Serve until SIGTERM/SIGINT (or ``stop``); then drain in-flight calls and leave."""
         cfg = self.cfg
-        stop = services.stop_on_signals(stop)
         topic = cfg.exec_topic or topics.exec_topic(cfg.connector)
         group = cfg.group_id or f"agentledger-executor-{cfg.connector}"
         client_id = f"agentledger-executor-{cfg.connector}"
@@ -48,54 +45,50 @@ class ExecutorService:
             f"executor-{cfg.connector}-{cfg.group_instance_id}" if cfg.group_instance_id
             else f"executor-{socket.gethostname()}-{os.getpid()}")
 
-        async def init(conn: asyncpg.Connection) -> None:
-            repository.bound_silence(conn)  # a silent network fails a statement, never hangs
-            if cfg.db_role:
-                await conn.execute(f'SET ROLE "{cfg.db_role}"')
-
-        await asyncio.to_thread(kafka_topics.ensure, cfg.kafka_bootstrap,
-                                {topic: cfg.partitions, topics.dlq_topic(topic): 1},
-                                replication=cfg.kafka_replication_factor)
-        pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=cfg.pool_size,
-                                         init=init, reset=repository.keep_session)
-        producer = confluent_kafka.Producer(
-            batch.producer_config(cfg.kafka_bootstrap, client_id=client_id))
-        commits = groupcommit.GroupCommit(pool)
-        try:
-            if stable:
-                # Our predecessor under this identity is gone (Kafka admits one live static
-                # member per id): its claims need not wait out their leases (issue 18 §4).
-                async with pool.acquire() as conn:
-                    ended = await dispatch.end_leases_of(conn, worker_id)
-                log.info("event=predecessor_claims_released worker_id=%s count=%d",
-                         worker_id, ended)
-            work = dispatcher.Dispatcher(
-                pool=pool, connectors=connectors,
-                credentials=base.Credentials("write", cfg.write_tokens),
-                cipher=keys.PayloadCipher(
-                    crypto.MasterKey.from_b64(cfg.master_key.get_secret_value())),
-                authorizer=policy_repo.CedarAuthorizer(), allowlist=rules,
-                worker_id=worker_id,
-                lease_s=cfg.lease_s, max_generations=cfg.max_generations,
-                call_timeout_s=cfg.call_timeout_s, group=commits,
-            )
-            connect = batch.connector(batch.consumer_config(
-                cfg.kafka_bootstrap, group_id=group, group_instance_id=cfg.group_instance_id,
-                session_timeout_ms=cfg.session_timeout_ms, client_id=client_id), [topic])
-            log.info("event=executor_started topic=%s group=%s worker_id=%s", topic, group,
-                     worker_id)
-            await batch.BatchConsumer(
-                connect, producer, handlers.handler(work, running),
-                max_records=cfg.batch_size, concurrency=cfg.max_in_flight,
-            ).run(stop)
-        finally:
-            # Finish in-flight calls (their claims) before closing the pool.
-            await running.drain(cfg.drain_s)
-            commits.log_stats()
-            await asyncio.to_thread(producer.flush, 10)
-            for connector in connectors.values():
-                await connector.aclose()
-            await pool.close()
+        async with services.started(
+            database_url=cfg.database_url, role=cfg.db_role, pool_size=cfg.pool_size,
+            bootstrap=cfg.kafka_bootstrap, topics={topic: cfg.partitions,
+                                                   topics.dlq_topic(topic): 1},
+            replication=cfg.kafka_replication_factor, stop=stop,
+        ) as up:
+            pool, stop = up.pool, up.stop
+            producer = confluent_kafka.Producer(
+                batch.producer_config(cfg.kafka_bootstrap, client_id=client_id))
+            commits = groupcommit.GroupCommit(pool)
+            try:
+                if stable:
+                    # Our predecessor under this identity is gone (Kafka admits one live static
+                    # member per id): its claims need not wait out their leases (issue 18 §4).
+                    async with pool.acquire() as conn:
+                        ended = await dispatch.end_leases_of(conn, worker_id)
+                    log.info("event=predecessor_claims_released worker_id=%s count=%d",
+                             worker_id, ended)
+                work = dispatcher.Dispatcher(
+                    pool=pool, connectors=connectors,
+                    credentials=base.Credentials("write", cfg.write_tokens),
+                    cipher=keys.PayloadCipher(
+                        crypto.MasterKey.from_b64(cfg.master_key.get_secret_value())),
+                    authorizer=policy_repo.CedarAuthorizer(), allowlist=rules,
+                    worker_id=worker_id,
+                    lease_s=cfg.lease_s, max_generations=cfg.max_generations,
+                    call_timeout_s=cfg.call_timeout_s, group=commits,
+                )
+                connect = batch.connector(batch.consumer_config(
+                    cfg.kafka_bootstrap, group_id=group, group_instance_id=cfg.group_instance_id,
+                    session_timeout_ms=cfg.session_timeout_ms, client_id=client_id), [topic])
+                log.info("event=executor_started topic=%s group=%s worker_id=%s", topic, group,
+                         worker_id)
+                await batch.BatchConsumer(
+                    connect, producer, handlers.handler(work, running),
+                    max_records=cfg.batch_size, concurrency=cfg.max_in_flight,
+                ).run(stop)
+            finally:
+                # Finish in-flight calls (their claims) before closing the pool.
+                await running.drain(cfg.drain_s)
+                commits.log_stats()
+                await asyncio.to_thread(producer.flush, 10)
+                for connector in connectors.values():
+                    await connector.aclose()
 
 
 def create_app(settings: ExecutorSettings | None = None) -> ExecutorService:

@@ -6,6 +6,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agentledger import settings as shared
+from agentledger.executor import dispatcher
 from agentledger.ledger import dispatch
 
 
@@ -37,7 +38,7 @@ class ExecutorSettings(BaseSettings):
     # Calls in flight per instance: ~ target throughput * provider latency. 64 covers
     # 300 commands/s at 200 ms with room, and bounds memory and CRM connections.
     max_in_flight: int = 64
-    lease_s: float = 60.0
+    lease_s: float = dispatcher.LEASE_S
     # The longest one connector call may take, overriding the connector's own declaration
     # (the CRM's: the sum of its HTTP timeouts, 14 s). Each call renews the lease to cover it,
     # so it may exceed the lease; it may not exceed the ledger's MAX_CALL_S, the window in
@@ -47,7 +48,8 @@ class ExecutorSettings(BaseSettings):
                                          validation_alias="AGENTLEDGER_CONNECTOR_CALL_TIMEOUT_S")
     # The retry cap (ledger.dispatch.MAX_GENERATIONS): one variable for executor and reconciler,
     # which must agree on it, so it has no service prefix.
-    max_generations: int = Field(default=10, ge=2, validation_alias="AGENTLEDGER_MAX_GENERATIONS")
+    max_generations: int = Field(default=dispatch.MAX_GENERATIONS, ge=2,
+                                 validation_alias="AGENTLEDGER_MAX_GENERATIONS")
     # Graceful shutdown waits this long for in-flight calls before leaving them to the
     # reconciler; shorter than a Kubernetes termination grace period (90 s in deploy/k8s).
     drain_s: float = 45.0

@@ -14,9 +14,8 @@ from fastapi.responses import JSONResponse
 from faststream.confluent import KafkaBroker
 from starlette.exceptions import HTTPException
 
-from agentledger import errors, identity, web
+from agentledger import errors, identity, services, web
 from agentledger.contracts import topics
-from agentledger.kafka import topics as kafka_topics
 from agentledger.services.ingress import handlers, intake
 from agentledger.services.ingress.settings import IngressSettings
 
@@ -34,16 +33,13 @@ async def _agentledger_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, errors.AgentLedgerError)
     log.info("event=request_rejected code=%s path=%s reason=%s", exc.code, request.url.path,
              exc.message[:200])
+    status = web.status_of(exc)
     if isinstance(exc, errors.IdentityRejected):
         # The precise reason is logged, not returned: it would help forge the next token.
-        response = _error(401, exc.code, "the session token is missing or invalid")
+        response = _error(status, exc.code, "the session token is missing or invalid")
         response.headers["www-authenticate"] = "Bearer"
         return response
-    if isinstance(exc, errors.IdempotencyConflict):
-        return _error(409, exc.code, exc.message)
-    if exc.retryable:
-        return _error(503, exc.code, exc.message)
-    return _error(400, exc.code, exc.message)
+    return _error(status, exc.code, exc.message)
 
 
 async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
@@ -80,7 +76,7 @@ def create_app(settings: IngressSettings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await asyncio.to_thread(kafka_topics.ensure, cfg.kafka_bootstrap, {
+        await services.ensure_topics(cfg.kafka_bootstrap, {
             cfg.requests_topic: cfg.partitions, cfg.proposals_topic: cfg.partitions,
             cfg.gateway_proposals_topic: cfg.partitions,
             topics.dlq_topic(cfg.gateway_proposals_topic): 1,

@@ -10,7 +10,6 @@
 No ``from __future__ import annotations``: FastAPI and FastStream read these signatures.
 """
 
-import re
 from typing import Annotated, Any
 
 import confluent_kafka
@@ -23,9 +22,7 @@ from agentledger import errors, identity
 from agentledger.kafka import handling
 from agentledger.services.ingress import intake, models
 
-# What a retry must repeat verbatim; the same characters the CRM accepts for its keys.
-KEY_PATTERN = r"^[A-Za-z0-9._:~-]{1,255}$"
-_KEY = re.compile(KEY_PATTERN)
+KEY_PATTERN = identity.IDEMPOTENCY_KEY_PATTERN
 
 AuthorizationHeader = Annotated[str | None, Header(max_length=8192)]
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", pattern=KEY_PATTERN)]
@@ -98,7 +95,7 @@ def register_gateway_entry(broker: KafkaBroker, gate: intake.Intake, *, topic: s
         body = models.ProposalBody.model_validate_json(msg.body)
         raw_key = headers.get("idempotency-key")
         key = raw_key.decode("latin-1") if raw_key is not None else None
-        if key is not None and not _KEY.match(key):
+        if key is not None and not identity.is_idempotency_key(key):
             raise errors.PoisonMessage("idempotency-key header is malformed")
         raw_run = headers.get("agentledger-run")
         run = raw_run.decode("latin-1") if raw_run is not None else None
@@ -107,8 +104,8 @@ def register_gateway_entry(broker: KafkaBroker, gate: intake.Intake, *, topic: s
         raw = msg.raw_message
         if not isinstance(raw, confluent_kafka.Message):
             raise TypeError("batch messages are not supported")
-        seed = f"{raw.topic()}:{raw.partition()}:{raw.offset()}"
-        await gate.submit_proposal(session, body, key, headers, record_seed=seed, run=run)
+        record = (raw.topic() or "", raw.partition() or 0, raw.offset() or 0)
+        await gate.submit_proposal(session, body, key, headers, record=record, run=run)
 
     broker.subscriber(
         topic, group_id=group_id, auto_offset_reset="earliest",

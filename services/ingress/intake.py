@@ -25,26 +25,13 @@ import asyncpg
 import pydantic
 from faststream.confluent import KafkaBroker
 
-from agentledger import errors, identity
+from agentledger import db, errors, identity, web
 from agentledger.contracts import common, proposals, requests
 from agentledger.ledger import repository
 from agentledger.services.ingress import models
 
 log = logging.getLogger(__name__)
 
-
-
-def bearer(authorization: str | bytes | None) -> str:
-    """The token of an ``Authorization: Bearer <token>`` value.
-
-    Raises:
-        errors.IdentityRejected: No bearer token.
-    """
-    text = authorization.decode("latin-1") if isinstance(authorization, bytes) else authorization
-    scheme, _, token = (text or "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise errors.IdentityRejected("a bearer session token is required")
-    return token.strip()
 
 
 def trace_headers(incoming: Mapping[str, str | bytes]) -> dict[str, str]:
@@ -77,9 +64,8 @@ class ConflictCheck:
 
     async def start(self) -> None:
         # min_size=0: no connection at start-up, so ingress starts while the ledger is away.
-        self.pool = await asyncpg.create_pool(self.database_url, min_size=0, max_size=4,
-                                              command_timeout=self.timeout_s,
-                                              reset=repository.keep_session)
+        self.pool = await db.create_pool(self.database_url, role=None, size=4, min_size=0,
+                                         command_timeout=self.timeout_s)
 
     async def close(self) -> None:
         if self.pool is not None:
@@ -117,17 +103,12 @@ class Intake:
         Raises:
             errors.IdentityRejected: Missing, forged, expired or otherwise invalid.
         """
-        return identity.verify_session(bearer(authorization), self.session_keys,
+        return identity.verify_session(web.bearer(authorization), self.session_keys,
                                        audience=self.session_audience,
                                        issuer=self.session_issuer)
 
-    def operation_id(self, session: identity.Session, key: str | None,
-                     record_seed: str | None = None) -> uuid.UUID:
-        if key is not None:
-            return identity.derive_operation_id(session.tenant_id, session.principal_id, key)
-        if record_seed is not None:
-            return uuid.uuid5(identity.RECORD_NAMESPACE, record_seed)
-        return uuid.uuid4()
+    def operation_id(self, session: identity.Session, key: str | None) -> uuid.UUID:
+        return identity.submission_ids(session.tenant_id, session.principal_id, key)[0]
 
     def run_id(self, session: identity.Session, run: str | None) -> uuid.UUID | None:
         """The id of the run ``run`` names for this session, ``None`` without a run.
@@ -198,7 +179,8 @@ class Intake:
 
     async def submit_proposal(self, session: identity.Session, body: models.ProposalBody,
                               key: str | None, trace: Mapping[str, str | bytes], *,
-                              record_seed: str | None = None, run: str | None = None
+                              record: tuple[str, int, int] | None = None,
+                              run: str | None = None
                               ) -> models.Accepted:
         """Publish a gateway's proposal, a step of ``run`` when one is named.
 
@@ -207,9 +189,8 @@ class Intake:
             errors.StorageError: Kafka did not acknowledge.
         """
         run_id = self.run_id(session, run)
-        operation_id = self.operation_id(session, key, record_seed)
-        proposal_id = (uuid.uuid5(identity.RECORD_NAMESPACE, f"proposal:{record_seed}")
-                       if record_seed is not None else uuid.uuid4())
+        operation_id, proposal_id = identity.submission_ids(
+            session.tenant_id, session.principal_id, key, record=record)
         binding = identity.proposal_binding(
             tenant_id=session.tenant_id, principal_id=session.principal_id, action=body.action,
             target=body.target, arguments=body.arguments,

@@ -9,12 +9,10 @@ from faststream import FastStream
 from faststream.confluent import KafkaBroker
 from faststream.confluent.opentelemetry import KafkaTelemetryMiddleware
 
-from agentledger import errors, identity
+from agentledger import db, errors, identity, services
 from agentledger.connectors import plugins
 from agentledger.contracts import topics
 from agentledger.evals import shadow
-from agentledger.kafka import topics as kafka_topics
-from agentledger.ledger import repository
 from agentledger.planning import adapters, budget, proposer
 from agentledger.policy import allowlist
 from agentledger.services.planner import handlers
@@ -51,18 +49,14 @@ def create_app(settings: PlannerSettings | None = None) -> FastStream:
     pools: list[asyncpg.Pool] = []
     shadows: list[shadow.ShadowPlanner] = []
 
-    async def as_planner(conn: asyncpg.Connection) -> None:
-        await conn.execute(f'SET ROLE "{cfg.db_role}"')
-
     @app.on_startup
     async def start() -> None:
-        kafka_topics.ensure(cfg.kafka_bootstrap, {
+        await services.ensure_topics(cfg.kafka_bootstrap, {
             cfg.requests_topic: cfg.partitions, cfg.proposals_topic: cfg.partitions,
             topics.dlq_topic(cfg.requests_topic): 1, cfg.admissions_topic: cfg.partitions,
         }, replication=cfg.kafka_replication_factor)
         if cfg.database_url:
-            pool = await asyncpg.create_pool(cfg.database_url, min_size=1, max_size=4,
-                                             init=as_planner, reset=repository.keep_session)
+            pool = await db.create_pool(cfg.database_url, role=cfg.db_role, size=4)
             pools.append(pool)
             budgeted = dataclasses.replace(
                 planner, tokens=budget.TokenBudget(pool, per_call=cfg.tokens_per_call))
@@ -73,8 +67,8 @@ def create_app(settings: PlannerSettings | None = None) -> FastStream:
         if shadow_cfg.adapter is not None:
             # A candidate beside production (R9.2): same request and evidence, its proposal
             # marked shadow and only recorded on agent.shadow.v1, never admitted.
-            kafka_topics.ensure(cfg.kafka_bootstrap, {shadow_cfg.topic: cfg.partitions},
-                                replication=cfg.kafka_replication_factor)
+            await services.ensure_topics(cfg.kafka_bootstrap, {shadow_cfg.topic: cfg.partitions},
+                                         replication=cfg.kafka_replication_factor)
             shadowing = shadow.ShadowPlanner(
                 primary=budgeted, candidate=shadow.build_candidate(shadow_cfg, rules),
                 record=shadow.kafka_recorder(broker.publish, shadow_cfg.topic),

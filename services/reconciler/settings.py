@@ -6,6 +6,8 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agentledger import settings as shared
+from agentledger.executor import reconciler
+from agentledger.ledger import dispatch
 
 
 class ReconcilerSettings(BaseSettings):
@@ -22,11 +24,12 @@ class ReconcilerSettings(BaseSettings):
     period_s: float = 5.0
     batch: int = 100
     # A lookup is one read; the lease covers it and the bookkeeping.
-    lease_s: float = 30.0
+    lease_s: float = reconciler.LEASE_S
     # The retry cap (ledger.dispatch.MAX_GENERATIONS): one variable for executor and reconciler,
     # which must agree on it, so it has no service prefix.
-    max_generations: int = Field(default=10, ge=2, validation_alias="AGENTLEDGER_MAX_GENERATIONS")
+    max_generations: int = Field(default=dispatch.MAX_GENERATIONS, ge=2,
+                                 validation_alias="AGENTLEDGER_MAX_GENERATIONS")
     worker_id: str = "reconciler"
     # A command pending this long with no obligation left in the outbox was published and
     # never claimed (its record was lost, or no executor consumes it): it is republished.
-    stranded_after_s: float = Field(default=300.0, gt=0)
+    stranded_after_s: float = Field(default=reconciler.STRANDED_AFTER_S, gt=0)

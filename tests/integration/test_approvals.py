@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -20,13 +22,14 @@ import pytest
 
 from agentledger import admission, crypto, errors
 from agentledger.approvals import repository as approvals
+from agentledger.approvals import rules
 from agentledger.contracts.admission import AdmissionResultV1
 from agentledger.contracts.proposals import ProposalV1
 from agentledger.ledger import keys
-from agentledger.policy import allowlist
+from agentledger.policy import allowlist, cedar
 from agentledger.policy import repository as policy_repo
 from agentledger.resources import MappingResolver
-from tests.integration import identities
+from agentledger.testing import identities
 
 RULES = allowlist.Allowlist.load()
 CONTACT, REFUND = "crm.contact.update", "billing.refund.create"
@@ -395,3 +398,76 @@ async def test_a_pending_request_holds_no_lock_or_transaction(world: World) -> N
             "WHERE c.relname = 'approval_request' AND l.pid <> pg_backend_pid()")
     assert (open_tx, locks) == (0, 0)
     assert pending.expires_at - pending.created_at >= timedelta(minutes=59)
+
+
+# The console's decision path (approvals.rules.decide): Cedar answers both approve AND deny.
+FINANCE_MAY_NOT_DENY = """
+@id("test-finance-may-not-deny")
+forbid (principal, action == AgentLedger::Action::"deny", resource)
+when { principal.roles.contains("finance-approver") };
+"""
+
+
+def _authorizer_forbidding_finance_denials(where: Path) -> policy_repo.CedarAuthorizer:
+    shutil.copytree(cedar.DEFAULT_DIR, where)
+    (where / "90_test.cedar").write_text(FINANCE_MAY_NOT_DENY, encoding="utf-8")
+    return policy_repo.CedarAuthorizer(cedar.CedarPolicy(where))
+
+
+async def _no_revision_read(pending: approvals.Approval) -> str | None:
+    raise AssertionError("a denial never reads the target's revision")
+
+
+async def _decide_by_rules(world: World, authorizer: policy_repo.CedarAuthorizer,
+                           tenant: uuid.UUID, a: approvals.Approval, approver: str, *,
+                           approve: bool) -> tuple[approvals.Approval, Any]:
+    async with world.admission.acquire() as conn:
+        return await rules.decide(
+            conn, authorizer=authorizer, allowlist=RULES, cipher=world.cipher,
+            revision=_no_revision_read, tenant_id=tenant, approver_id=approver,
+            approval_id=a.approval_id, approve=approve, shown_hash=a.hash_hex,
+            reason="not today")
+
+
+async def _approval_decisions(world: World, op: uuid.UUID) -> list[tuple[str, str]]:
+    async with world.owner.acquire() as conn:
+        rows = await conn.fetch("SELECT principal_id, effect FROM policy_decision "
+                                "WHERE operation_id = $1 AND stage = 'approval'", op)
+    return sorted((r["principal_id"], r["effect"]) for r in rows)
+
+
+async def test_a_deny_cedar_forbids_is_refused_and_writes_nothing(world: World,
+                                                                  tmp_path: Path) -> None:
+    authorizer = _authorizer_forbidding_finance_denials(tmp_path / "policies")
+    tenant = await world.tenant()
+    pending = await world.pending(tenant, REFUND, refund())
+    with pytest.raises(errors.PolicyDenied, match="test-finance-may-not-deny"):
+        await _decide_by_rules(world, authorizer, tenant, pending, "user:fiona", approve=False)
+    assert await world.state(tenant, pending.approval_id) == "pending"
+    assert await _approval_decisions(world, pending.operation_id) == []
+    assert await world.events(pending.operation_id) == ["approval.requested"]
+
+
+async def test_a_deny_cedar_permits_closes_the_request_with_its_decision(
+        world: World, tmp_path: Path) -> None:
+    authorizer = _authorizer_forbidding_finance_denials(tmp_path / "policies")
+    tenant = await world.tenant()
+    pending = await world.pending(tenant, REFUND, refund())
+    decided, admitted = await _decide_by_rules(world, authorizer, tenant, pending, "user:bob",
+                                               approve=False)
+    assert (decided.state, decided.decided_by, admitted) == ("denied", "user:bob", None)
+    assert decided.approval_decision_id is not None
+    assert await _approval_decisions(world, pending.operation_id) == [("user:bob", "allow")]
+    assert await world.command(tenant, pending.operation_id) is None
+
+
+async def test_approving_through_the_rules_asks_cedar_approve(world: World) -> None:
+    tenant = await world.tenant()
+    pending = await world.pending(tenant, REFUND, refund(60_000))
+    with pytest.raises(errors.PolicyDenied, match="large-refund-needs-finance"):
+        await _decide_by_rules(world, world.authorizer, tenant, pending, "user:bob",
+                               approve=True)
+    assert await world.state(tenant, pending.approval_id) == "pending"
+    decided, admitted = await _decide_by_rules(world, world.authorizer, tenant, pending,
+                                               "user:fiona", approve=True)
+    assert decided.state == "approved" and admitted.status == "admitted"

@@ -287,3 +287,20 @@ def test_a_request_binding_covers_goal_and_resource_and_planned_ids_are_stable()
     assert a != identity.request_binding(goal="refund inv-7", resource="c-2")
     rid = uuid.uuid4()
     assert identity.planned_proposal_id(rid) == identity.planned_proposal_id(rid) != identity.planned_proposal_id(uuid.uuid4())
+
+
+def test_submission_ids_are_the_keys_then_the_records_then_new() -> None:
+    tenant = uuid.uuid4()
+    keyed, proposal = identity.submission_ids(tenant, "user:alice", "k-1")
+    assert keyed == identity.derive_operation_id(tenant, "user:alice", "k-1")
+    assert proposal != identity.submission_ids(tenant, "user:alice", "k-1")[1]  # new each time
+    # A gateway record: the ids ingress derived before they had one home, unchanged.
+    seed = "gateway.proposals.v1:3:42"
+    by_record = identity.submission_ids(tenant, "user:alice", None,
+                                        record=("gateway.proposals.v1", 3, 42))
+    assert by_record == (uuid.uuid5(identity.RECORD_NAMESPACE, seed),
+                         uuid.uuid5(identity.RECORD_NAMESPACE, f"proposal:{seed}"))
+    assert by_record == identity.record_ids("gateway.proposals.v1", 3, 42)
+    with_key = identity.submission_ids(tenant, "user:alice", "k-1",
+                                       record=("gateway.proposals.v1", 3, 42))
+    assert with_key == (keyed, by_record[1])

@@ -9,7 +9,7 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from agentledger import errors, identity
+from agentledger import identity
 from agentledger.mcp import auth, server
 from agentledger.mcp.settings import McpSettings
 
@@ -58,12 +58,6 @@ def test_stdio_uses_the_configured_token_and_refuses_without_one() -> None:
     assert configured.caller(None).session.principal_id == "user:alice"
     with pytest.raises(MCPError):
         AUTHENTICATOR.caller(None)
-
-
-def test_bearer_parsing() -> None:
-    assert auth.bearer("bearer  abc ") == "abc"
-    with pytest.raises(errors.IdentityRejected):
-        auth.bearer("Token abc")
 
 
 async def test_in_process_listing_follows_the_configured_token() -> None:

@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from mcp.shared.exceptions import MCPError
 
-from agentledger import errors, identity
+from agentledger import errors, identity, web
 
 log = logging.getLogger(__name__)
 
@@ -32,18 +32,6 @@ class Caller:
 
     session: identity.Session
     token: str
-
-
-def bearer(authorization: str | None) -> str:
-    """The token of an ``Authorization: Bearer <token>`` value.
-
-    Raises:
-        errors.IdentityRejected: No bearer token.
-    """
-    scheme, _, token = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise errors.IdentityRejected("a bearer session token is required")
-    return token.strip()
 
 
 @dataclass(frozen=True)
@@ -74,7 +62,7 @@ class Authenticator:
         """
         try:
             if request is not None:
-                token = bearer(request.headers.get("authorization"))
+                token = web.bearer(request.headers.get("authorization"))
             elif self.stdio_token:
                 token = self.stdio_token
             else:

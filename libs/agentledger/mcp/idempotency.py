@@ -18,16 +18,13 @@ Ingress derives the operation id from (tenant, principal, idempotency key)
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from agentledger import canonical, errors
+from agentledger import canonical, errors, identity
 
 META_KEY: Final = "agentledger/idempotency_key"
 DERIVED_PREFIX: Final = "mcp1-"
-# What ingress accepts in its Idempotency-Key header (services/ingress/handlers.KEY_PATTERN).
-_KEY: Final = re.compile(r"^[A-Za-z0-9._:~-]{1,255}$")
 
 
 def derived_key(principal_id: str, tool: str, tool_input: Mapping[str, Any]) -> str:
@@ -53,7 +50,7 @@ def key_for(meta: Mapping[str, Any] | None, principal_id: str, tool: str,
     given = (meta or {}).get(META_KEY)
     if given is None:
         return derived_key(principal_id, tool, tool_input)
-    if not isinstance(given, str) or not _KEY.fullmatch(given):
+    if not isinstance(given, str) or not identity.is_idempotency_key(given):
         raise errors.ValidationFailed(
             f"_meta[{META_KEY!r}] must be 1-255 characters of A-Z a-z 0-9 . _ : ~ -")
     return given

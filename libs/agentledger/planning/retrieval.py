@@ -20,9 +20,9 @@ from uuid import UUID
 import httpx
 from opentelemetry import trace
 
-from agentledger import errors
 from agentledger.connectors import plugins
 from agentledger.contracts import common, proposals
+from agentledger.resources import crm_client
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("agentledger.planning.retrieval")
@@ -83,11 +83,10 @@ class CrmRetriever:
             read_tokens: Tenant id → a token with only the ``read`` scope for that tenant.
             client: An HTTP client to share; one is created otherwise.
         """
-        self._tokens = dict(read_tokens)
-        self._client = client or httpx.AsyncClient(base_url=base_url, timeout=TIMEOUT_S)
+        self._crm = crm_client.CrmReader(base_url, read_tokens, client=client, timeout_s=TIMEOUT_S)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._crm.aclose()
 
     async def snapshot(self, tenant_id: UUID, resource_id: str) -> Snapshot:
         """Read a customer and its context inside ``tenant_id``.
@@ -103,58 +102,27 @@ class CrmRetriever:
             return found
 
     async def _snapshot(self, tenant_id: UUID, resource_id: str) -> Snapshot:
-        token = self._tokens.get(str(tenant_id))
-        missing = Snapshot(resource_id, False, None, {}, ())
-        if token is None:
-            return missing  # a tenant we hold no scope for has no resources
-        auth = {"Authorization": f"Bearer {token}"}
+        # A tenant we hold no scope for has no resources.
+        customer = await self._crm.customer(tenant_id, resource_id)
+        if customer is None:
+            return Snapshot(resource_id, False, None, {}, ())
         base = f"/v1/customers/{resource_id}"
-        response = await self._get(base, auth)
-        if response.status_code in (404, 422):
-            return missing
-        self._check(response)
-        now = datetime.now(UTC)
-        items = [evidence_item("E1", f"crm:customers/{resource_id}", response.content, now)]
-        body = _json(response)
-        record = body if isinstance(body, dict) else {}
-        etag = response.headers.get("ETag", "")
-        revision = etag.removeprefix("W/").strip('"') or None
+        items = [evidence_item("E1", f"crm:customers/{resource_id}", customer.content,
+                               datetime.now(UTC))]
         for collection in COLLECTIONS:
-            listed = await self._get(f"{base}/{collection}", auth)
-            if listed.status_code in (404, 405):
+            listed = await self._crm.get(tenant_id, f"{base}/{collection}")
+            if listed is None or listed.status_code in (404, 405):
                 continue
-            self._check(listed)
+            crm_client.check(listed)
             now = datetime.now(UTC)
-            for entry in _entries(_json(listed), collection)[:MAX_ATTACHMENTS]:
+            for entry in _entries(crm_client.json_body(listed), collection)[:MAX_ATTACHMENTS]:
                 entry_id = _entry_id(entry)
                 content = json.dumps(entry, ensure_ascii=False, sort_keys=True).encode()
                 items.append(evidence_item(
                     f"E{len(items) + 1}", f"crm:customers/{resource_id}/{collection}/{entry_id}",
                     content, now))
         log.info("event=retrieved items=%d", len(items))
-        return Snapshot(resource_id, True, revision, record, tuple(items))
-
-    async def _get(self, path: str, headers: Mapping[str, str]) -> httpx.Response:
-        try:
-            return await self._client.get(path, headers=headers)
-        except httpx.HTTPError as exc:
-            raise errors.StorageError(f"CRM unreachable during retrieval: {exc!r}") from exc
-
-    @staticmethod
-    def _check(response: httpx.Response) -> None:
-        if response.status_code >= 500:
-            raise errors.StorageError(f"CRM answered {response.status_code} during retrieval")
-        if response.status_code in (401, 403):
-            raise errors.IdentityRejected(f"CRM refused the read token ({response.status_code})")
-        if response.status_code != 200:
-            raise errors.StorageError(f"CRM answered {response.status_code} during retrieval")
-
-
-def _json(response: httpx.Response) -> object:
-    try:
-        return response.json()
-    except ValueError as exc:
-        raise errors.StorageError("CRM answered a body that is not JSON") from exc
+        return Snapshot(resource_id, True, customer.revision, customer.record, tuple(items))
 
 
 def _entries(body: object, collection: str) -> list[Mapping[str, Any]]:

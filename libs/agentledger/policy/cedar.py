@@ -51,6 +51,7 @@ _NS: Final = "AgentLedger"
 _Q_PERFORM: Final = "perform"
 _Q_UNATTENDED: Final = "perform_unattended"
 _Q_APPROVE: Final = "approve"
+_Q_DENY: Final = "deny"
 
 
 def configured_dir() -> Path:
@@ -292,6 +293,25 @@ class CedarPolicy:
         if ok:
             return self._decision("allow", f"{name}: approval permitted by " + ", ".join(why), why)
         return self._decision("deny", f"{name}: approver " + (
+            "forbidden by " + ", ".join(why) if why else "has no approving role"), why)
+
+    def may_deny(self, denier: Principal, *, tenant_id: UUID, action: str, risk: str,
+                 connector: str, resource_id: str) -> CedarDecision:
+        """Whether ``denier`` may refuse this tenant's pending request (effect allow or deny).
+
+        A denial needs no arguments (they may be purged) and no allowlist entry (an action
+        taken off the allowlist can still be refused): the request's own name, risk and
+        connector go into ``context.operation``. Any evaluation error refuses.
+        """
+        operation = {"name": action, "risk": risk, "connector": connector}
+        ((ok, why, bad),) = self._ask([_Q_DENY], denier, resource_id, tenant_id,
+                                      {"operation": operation}, [])
+        if bad:
+            return self._decision("deny", f"{action}: denial check failed")
+        if ok:
+            return self._decision("allow", f"{action}: denial permitted by " + ", ".join(why),
+                                  why)
+        return self._decision("deny", f"{action}: denier " + (
             "forbidden by " + ", ".join(why) if why else "has no approving role"), why)
 
     def decide(

@@ -1,4 +1,9 @@
-"""Resolve targets through the CRM's read API with a READ-only, per-tenant token (R1.4, R1.7)."""
+"""Resolve targets through the CRM's read API with a READ-only, per-tenant token (R1.4, R1.7).
+
+The resolver plugin: single reads (retrieval, the console) go through
+:class:`agentledger.resources.crm_client.CrmReader`; this batches admission's revision checks
+on the hot path, over the same token table and bearer header.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +17,12 @@ import aiohttp
 
 from agentledger import errors, httpclient
 from agentledger.connectors import plugins
-from agentledger.resources import Resource, not_found
+from agentledger.resources import Resource, crm_client, not_found
 
 # A resolution is one indexed read; past this the CRM is unwell and admission should retry
 # the proposal later rather than hold its consumer.
 TIMEOUT_S = 5.0
+
 
 
 # Ids per read of many (the CRM's bound on ``GET /v1/customers?id=…``).
@@ -110,7 +116,7 @@ class CrmResolver:
         try:
             response = await self._client.request(
                 "GET", f"/v1/customers?{urlencode([('id', i) for i in ids])}",
-                headers={"Authorization": f"Bearer {token}"})
+                headers=crm_client.auth_header(token))
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise errors.StorageError(f"CRM unreachable while resolving: {exc!r}") from exc
         if response.status == 422:

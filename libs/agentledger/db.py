@@ -1,0 +1,73 @@
+"""Connection pools the way every agentledger process opens them.
+
+Each service (and the CLI) used to build its asyncpg pool by hand, with the role switched by
+an f-string ``SET ROLE "{role}"``: a role name from configuration went into SQL unchecked,
+and each copy chose its own subset of the pool settings. One helper validates the role name
+and applies the same three settings everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+import asyncpg
+
+from agentledger import errors
+from agentledger.ledger import repository
+
+# A PostgreSQL role name we are willing to put into SQL: an unquoted-style identifier, at
+# most 63 bytes (NAMEDATALEN - 1). SET ROLE takes no bind parameter, so the name is
+# validated here and quoted, never escaped.
+ROLE_PATTERN: Final = r"^[a-z_][a-z0-9_]{0,62}$"
+_ROLE = re.compile(ROLE_PATTERN)
+
+
+def role_name(role: str) -> str:
+    """``role`` if it is a plain role identifier.
+
+    Raises:
+        errors.ConfigurationError: Anything else (quotes, spaces, upper case, too long).
+    """
+    if not _ROLE.fullmatch(role):
+        raise errors.ConfigurationError(
+            f"database role {role[:64]!r} is not a plain identifier ({ROLE_PATTERN})")
+    return role
+
+
+def set_role_sql(role: str) -> str:
+    """The ``SET ROLE`` statement for a validated ``role`` (see :func:`role_name`)."""
+    return f'SET ROLE "{role_name(role)}"'
+
+
+async def create_pool(
+    url: str, *, role: str | None, size: int, min_size: int = 1, **options: Any
+) -> asyncpg.Pool:
+    """An asyncpg pool whose connections act as ``role``.
+
+    Every connection gets :func:`repository.bound_silence` (a silent network fails a
+    statement instead of hanging it), then ``SET ROLE`` when ``role`` is given, and the pool
+    keeps sessions on release (:func:`repository.keep_session`).
+
+    Args:
+        url: The PostgreSQL URL.
+        role: The group role to switch to, or ``None`` when the login already is it.
+        size: The most connections the pool opens.
+        min_size: Connections opened at once (0: start while the database is away).
+        options: Further ``asyncpg.create_pool`` options (``command_timeout``, ...).
+
+    Raises:
+        errors.ConfigurationError: ``role`` is not a plain identifier (checked before any
+            connection is made).
+    """
+    statement = set_role_sql(role) if role else None
+
+    async def init(conn: asyncpg.Connection) -> None:
+        repository.bound_silence(conn)
+        if statement is not None:
+            await conn.execute(statement)
+
+    pool: asyncpg.Pool = await asyncpg.create_pool(
+        url, min_size=min_size, max_size=size, init=init, reset=repository.keep_session,
+        **options)
+    return pool
