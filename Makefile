@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 ENV_FILE := .local/env
 
-.PHONY: help bootstrap up down status migrate demo test test-unit test-repeat lint chaos soak hunt
+.PHONY: help bootstrap up down status migrate schema demo test test-unit test-repeat lint chaos soak hunt
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -25,6 +25,9 @@ status: ## Show whether Kafka and PostgreSQL answer
 migrate: up ## Apply database migrations to the running stack
 	@. $(ENV_FILE) && .venv/bin/agentledger migrate
 
+schema: up ## Regenerate migrations/schema.sql from a fresh migration run (commit it)
+	@. $(ENV_FILE) && $(PY) -m agentledger.migrations dump-schema
+
 demo: bootstrap up ## Start every service as real processes and play the narrated scenarios
 	@. $(ENV_FILE) && .venv/bin/agentledger demo
 
@@ -44,7 +47,7 @@ bench: ## Benchmark vs pgbench and DBOS in one run (~8 min) → bench/results/la
 	@if [ -f $(ENV_FILE) ]; then . $(ENV_FILE); fi; $(PY) -m bench
 
 lint: bootstrap ## ruff + mypy (strict)
-	@.venv/bin/ruff check libs services tests
+	@.venv/bin/ruff check libs services tests bench demo
 	@.venv/bin/mypy
 
 chaos: bootstrap ## Kill real services at every fault point N times each (default 20; `make chaos N=200`) on the shared stack and on 3 brokers + a synchronous standby, plus the long standby, failover and 3-broker cases

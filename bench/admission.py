@@ -25,9 +25,6 @@ from typing import Any
 import asyncpg
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
-from tests.integration import identities, processes
-from tests.integration.crm.conftest import run_crm
-from tests.integration.relay import support as relay_support
 
 from agentledger import admission, crypto
 from agentledger.contracts.proposals import ProposalV1
@@ -35,6 +32,9 @@ from agentledger.ledger import keys, repository
 from agentledger.policy import allowlist
 from agentledger.policy import repository as policy_repo
 from agentledger.resources import MappingResolver
+from agentledger.testing import identities, processes
+from agentledger.testing import ledger as testing_ledger
+from agentledger.testing.crm import run_crm
 from bench import e2e, procstats, profile, stats, workload
 
 CONCURRENCY = (1, 8, 32)
@@ -166,7 +166,7 @@ def service(bootstrap: str, ledger_url: str, crm_url: str, logs: Path, *, count:
                 burst = sorted(stamps)[20:]
                 peak = procstats.peak_rss_mb(pid)
     finally:
-        relay_support.delete_namespace_topics(admin, ns)
+        testing_ledger.delete_namespace_topics(admin, ns)
         e2e.forget_groups(bootstrap, [group])
     return {
         "admission_service_tps": stats.rounded(stats.steady_rate(burst)),

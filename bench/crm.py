@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from tests.integration.crm.conftest import Crm, run_crm
 
+from agentledger.testing.crm import Crm, run_crm
 from bench import procstats
 
 IN_FLIGHT = 16

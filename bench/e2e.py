@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka.admin import AdminClient
-from tests.e2e.pipeline import pipeline
-from tests.integration import processes
-from tests.integration.crm.conftest import Crm
 
+from agentledger.testing import processes
+from agentledger.testing.crm import Crm
+from agentledger.testing.pipeline import pipeline
 from bench import procstats, profile, workload
 
 SLOW_PROVIDER_MS = 200

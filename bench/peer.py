@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka.admin import AdminClient, NewTopic
-from tests.helpers import wait_until
-from tests.integration import processes
-from tests.integration.crm.conftest import run_crm
-from tests.integration.relay import support as relay_support
 
+from agentledger.testing import ledger as testing_ledger
+from agentledger.testing import processes
+from agentledger.testing.crm import run_crm
+from agentledger.testing.polling import wait_until
 from bench import databases, e2e, procstats, workload
 
 INSTANCES = 2
@@ -112,7 +112,7 @@ def run(bootstrap: str, dbs: databases.Databases, logs: Path, *, burst_size: int
         return {"error": f"{type(exc).__name__}: {exc}"[:2000],
                 "logs": str(logs), "python": sys.version.split()[0]}
     finally:
-        relay_support.delete_namespace_topics(admin, f"bench{tag}.")
+        testing_ledger.delete_namespace_topics(admin, f"bench{tag}.")
         e2e.forget_groups(bootstrap, [group])
     result["config"] = {"instances": INSTANCES, "queue_worker_concurrency": CONCURRENCY,
                         "queue_polling_interval_s": POLL_S, "kafka_batch_size": BATCH,

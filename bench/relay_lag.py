@@ -30,10 +30,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg2
 from confluent_kafka.admin import AdminClient
-from tests.integration.relay import support
 
 from agentledger import migrations, settings
 from agentledger.relay import options, stream
+from agentledger.testing import ledger as testing_ledger
 from bench import admission, procstats, stats
 
 
@@ -86,7 +86,7 @@ WARMUP_S = 1.0
 def _drained(url: str, timeout: float = 60.0) -> None:
     """Until the relay has published (and swept) every outbox row, within ``timeout``."""
     deadline = time.monotonic() + timeout
-    while support.outbox_count(url) and time.monotonic() < deadline:
+    while testing_ledger.outbox_count(url) and time.monotonic() < deadline:
         time.sleep(0.1)  # polling the outbox with a deadline
 
 
@@ -175,10 +175,10 @@ def run(*, seconds: float, rate: float, database_url: str | None = None) -> dict
             child.kill()
         if child.pid is not None:
             child.join(10)
-        support.drop_slot(url, opts.slot)
+        testing_ledger.drop_slot(url, opts.slot)
         if name is not None:
             _admin(common.database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        support.delete_namespace_topics(
+        testing_ledger.delete_namespace_topics(
             AdminClient({"bootstrap.servers": common.kafka_bootstrap}), opts.topic_namespace
         )
     return {

@@ -20,8 +20,8 @@ from typing import Any
 
 import psycopg2
 from confluent_kafka import Producer
-from tests.integration import identities
 
+from agentledger.testing import identities
 from bench import procstats, stats
 
 # Completions are polled, not pushed; a quarter second is far below the spans measured.

@@ -1,4 +1,5 @@
-"""Test helpers: polling with a deadline (never a bare sleep to wait for a condition)."""
+"""Test helpers: async polling with a deadline (never a bare sleep to wait for a condition;
+the synchronous poll is :func:`agentledger.testing.polling.wait_until`), a stand-in API."""
 
 from __future__ import annotations
 
@@ -38,16 +39,6 @@ async def assert_eventually(
         if time.monotonic() >= deadline:
             raise last
         await asyncio.sleep(interval)
-
-
-def wait_until(predicate: Callable[[], bool], *, timeout: float, interval: float = 0.2) -> bool:
-    """Synchronous poll with a deadline; True once ``predicate()`` holds, False at the deadline."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)
-    return True
 
 
 @asynccontextmanager

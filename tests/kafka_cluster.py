@@ -27,7 +27,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from agentledger import settings
-from tests.integration import processes
+from agentledger.testing import processes
 
 SCRIPT = settings.REPO_ROOT / "deploy" / "local" / "kafka-cluster.sh"
 BROKERS = (1, 2, 3)

@@ -33,8 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from agentledger import settings
-from tests import kafka_read, private_stack
-from tests.helpers import wait_until
+from agentledger.testing import kafka_read
+from agentledger.testing import ledger as testing_ledger
+from agentledger.testing.polling import wait_until
+from tests import private_stack
 from tests.integration.relay import support
 
 OUT = settings.REPO_ROOT / "reports" / "lost-record"
@@ -53,7 +55,7 @@ class Hunt:
         tag = uuid.uuid4().hex[:8]
         self.relay = support.Relay(stack.database_url, stack.bootstrap, f"hunt_{tag}",
                                    f"hunt{tag}.", log_dir)
-        self.topics = [f"{self.relay.namespace}exec.{c}.v1" for c in support.CONNECTORS]
+        self.topics = [f"{self.relay.namespace}exec.{c}.v1" for c in testing_ledger.CONNECTORS]
         # ~45 commands/s: records in flight at every moment of a restart, at a third of the
         # CPU of the relay tests' rate (the hunt's figure is restarts, not records).
         self.admitter = support.ResilientAdmitter(stack.database_url, pace_s=0.02)
@@ -100,7 +102,7 @@ class Hunt:
         floor = self.admitter.commits
         assert wait_until(lambda: self.admitter.commits >= floor + self.per_run, timeout=60)
         self.admitter.pause()
-        drained = wait_until(lambda: support.outbox_count(self.stack.database_url) == 0,
+        drained = wait_until(lambda: testing_ledger.outbox_count(self.stack.database_url) == 0,
                              timeout=120)
         expected = self.admitter.admitted_keys()
         records = kafka_read.read_to_end(self.stack.bootstrap, self.topics, since=self.ends)

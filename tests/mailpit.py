@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 
 from agentledger import settings
-from agentledger.demo import smtp_fault
-from tests.helpers import wait_until
-from tests.integration.processes import free_port
+from agentledger.testing import smtp_fault
+from agentledger.testing.polling import wait_until
+from agentledger.testing.processes import free_port
 
 __all__ = ["AnswerLost", "Mailpit", "binary", "free_port", "running"]
 
@@ -80,7 +80,7 @@ def running(*args: str) -> Iterator[Mailpit]:
 
 
 class AnswerLost:
-    """The demo's SMTP fault proxy (:class:`agentledger.demo.smtp_fault.AnswerLost`), served
+    """The demo's SMTP fault proxy (:class:`agentledger.testing.smtp_fault.AnswerLost`), served
     from a thread here: it relays a conversation both ways, except the server's 250 to the
     end of DATA when armed — the message is accepted, its answer lost (once per arming)."""
 

@@ -20,8 +20,8 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg2
 
 from agentledger import logins, settings
+from agentledger.testing import processes
 from tests import netns
-from tests.integration import processes
 from tests.tcp_forward import Forwarder
 
 SCRIPTS = settings.REPO_ROOT / "deploy" / "local"

@@ -23,7 +23,7 @@ import psycopg2
 import pytest
 
 from agentledger import migrations, settings
-from tests.integration import processes
+from agentledger.testing import processes
 
 SCRIPTS = settings.REPO_ROOT / "deploy" / "local"
 NAME = "agentledger_standby"  # NAME in deploy/local/standby.sh: application_name and slot

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg2
 
-from tests.helpers import wait_until
+from agentledger.testing.polling import wait_until
 
 GHOST = "agentledger_ghost_standby"
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, Playwright, sync_playwright
 
-from tests.e2e.pipeline import Pipeline, pipeline
+from agentledger.testing.pipeline import Pipeline, pipeline
 from tests.stack import Stack
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -14,8 +14,8 @@ import httpx
 import psycopg2
 from playwright.sync_api import Page
 
-from tests.e2e.pipeline import Pipeline
-from tests.helpers import wait_until
+from agentledger.testing.pipeline import Pipeline
+from agentledger.testing.polling import wait_until
 
 REFUND = "billing.refund.create"
 CONTACT = "crm.contact.update"

@@ -16,6 +16,7 @@ import psycopg2
 from playwright.sync_api import Page, expect
 
 from agentledger import settings
+from agentledger.testing.pipeline import Pipeline
 from tests.browser.support import (
     APPROVER,
     CONTACT,
@@ -33,7 +34,6 @@ from tests.browser.support import (
     refund,
     sync,
 )
-from tests.e2e.pipeline import Pipeline
 
 # The README's picture; a test run refreshes it only when asked, so `make test` leaves the
 # working tree as it found it.

@@ -14,8 +14,11 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 from typer.testing import CliRunner
 
-from agentledger import cli_approvals, identity
+from agentledger import identity
+from agentledger.cli import approvals as cli_approvals
 from agentledger.policy import repository as policy_repo
+from agentledger.testing import identities
+from agentledger.testing.pipeline import Pipeline, SessionIssuer
 from tests.browser.conftest import PAGE_TIMEOUT_MS
 from tests.browser.support import (
     APPROVER,
@@ -28,8 +31,6 @@ from tests.browser.support import (
     refund,
     sync,
 )
-from tests.e2e.pipeline import Pipeline, SessionIssuer
-from tests.integration import identities
 
 
 def signin_page(world: Pipeline, browser: Browser) -> Page:

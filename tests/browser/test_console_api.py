@@ -6,7 +6,7 @@ import uuid
 
 import httpx
 
-from tests.e2e.pipeline import Pipeline
+from agentledger.testing.pipeline import Pipeline
 
 
 def test_explain_over_http_answers_for_the_sessions_tenant_only(world: Pipeline) -> None:

@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from agentledger.testing.pipeline import Pipeline, pipeline
 from tests.chaos import harness
-from tests.e2e.pipeline import Pipeline, pipeline
 from tests.stack import Stack
 from tests.standby import standby_pair  # noqa: F401 - a fixture of the standby cases
 

@@ -1,6 +1,6 @@
 """Chaos harness: real services killed at named fault points, then invariants on state and effects.
 
-Every service is a real process (tests/e2e/pipeline.py). A fault point is armed through
+Every service is a real process (agentledger/testing/pipeline.py). A fault point is armed through
 ``AGENTLEDGER_FAULT=<point>:kill:1`` in the environment of one service: each process started
 with it SIGKILLs itself the first time it passes the point. The harness restarts it (armed
 again) until the wanted number of kills, then once more unarmed, lets the system settle, and
@@ -24,9 +24,10 @@ from typing import Any
 import psycopg2
 import pytest
 
-from tests import kafka_read
-from tests.e2e.pipeline import Pipeline
-from tests.helpers import wait_until
+from agentledger.contracts import commands
+from agentledger.testing import kafka_read
+from agentledger.testing.pipeline import Pipeline
+from agentledger.testing.polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORT = ROOT / "reports" / "chaos.json"
@@ -43,7 +44,7 @@ long_only = pytest.mark.skipif(not LONG, reason="a long case: runs in `make chao
 SHAPES = [s for s in os.environ.get("AGENTLEDGER_CHAOS_SHAPES", "single").split(",") if s]
 SHAPE_LABELS = {"single": "", "production": " [3 brokers, sync standby]"}
 SHAPE = ""
-TERMINAL = {"succeeded", "denied", "expired", "review_required", "failed"}
+TERMINAL = commands.TERMINAL_STATES
 
 # Short leases and periods so a killed worker's command is recovered in seconds; static
 # membership so a restarted consumer takes its partitions back without a rebalance wait.

@@ -24,9 +24,9 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import ConfigResource, ConfigSource, ResourceType
 
 from agentledger.kafka import topics as kafka_topics
+from agentledger.testing.pipeline import Pipeline, pipeline
+from agentledger.testing.polling import wait_until
 from tests.chaos import harness, traffic
-from tests.e2e.pipeline import Pipeline, pipeline
-from tests.helpers import wait_until
 from tests.kafka_cluster import BROKERS, CONTROLLERS, SESSION_TIMEOUT_S, KafkaCluster
 
 REPLICAS = 3

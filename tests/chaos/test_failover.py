@@ -23,10 +23,10 @@ import pytest
 
 from agentledger import logins
 from agentledger.ledger import repository
+from agentledger.testing.pipeline import Pipeline, pipeline, slot_active
+from agentledger.testing.polling import wait_until
 from tests import syncrep
 from tests.chaos import harness
-from tests.e2e.pipeline import Pipeline, pipeline, slot_active
-from tests.helpers import wait_until
 from tests.stack import Stack
 from tests.standby import StandbyPair
 

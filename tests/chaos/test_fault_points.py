@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from agentledger.testing import ledger as testing_ledger
+from agentledger.testing.pipeline import Pipeline, pipeline
+from agentledger.testing.polling import wait_until
 from tests.chaos import harness
-from tests.e2e.pipeline import Pipeline, pipeline
-from tests.helpers import wait_until
-from tests.integration.relay import support as relay_support
 from tests.kafka_cluster import kafka_cluster_running
 from tests.stack import Stack
 from tests.standby import standby_pair_running
@@ -203,7 +203,7 @@ def test_kill_relay_right_after_it_creates_its_slot(chaos: Pipeline) -> None:
     ops: dict[uuid.UUID, str] = {}
     for _ in range(harness.KILLS):
         relay.kill()
-        relay_support.drop_slot(chaos.database_url, slot)
+        testing_ledger.drop_slot(chaos.database_url, slot)
         op = harness.note(chaos, ops)()
         assert wait_until(lambda op=op: op in harness.states(chaos, [op]), timeout=60), (
             "the note was never admitted")

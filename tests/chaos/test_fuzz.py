@@ -17,9 +17,9 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from agentledger.contracts.proposals import ProposalV1
+from agentledger.testing.pipeline import Pipeline, pipeline
+from agentledger.testing.polling import wait_until
 from tests.chaos.fuzzing import Fuzzer
-from tests.e2e.pipeline import Pipeline, pipeline
-from tests.helpers import wait_until
 from tests.stack import Stack
 
 SEED = int(os.environ.get("AGENTLEDGER_FUZZ_SEED", "20261202"))

@@ -31,10 +31,11 @@ from contextlib import ExitStack
 
 import pytest
 
-from tests import kafka_read, netns, partition_env
+from agentledger.testing import kafka_read
+from agentledger.testing.pipeline import Pipeline, pipeline
+from agentledger.testing.polling import wait_until
+from tests import netns, partition_env
 from tests.chaos import harness, traffic
-from tests.e2e.pipeline import Pipeline, pipeline
-from tests.helpers import wait_until
 from tests.integration.relay import support as relay_support
 from tests.partition_env import attempts, command
 from tests.stack import Stack
@@ -62,7 +63,7 @@ def hub(stack: Stack) -> Iterator[partition_env.Hub]:
 def broker(hub: partition_env.Hub) -> Iterator[str]:
     """A broker namespaces reach, shared by the module's cases and stopped only after them:
     a client still alive when its broker is gone can hang for ever in librdkafka's destroy
-    (see tests/e2e/pipeline.py, ``_delete_topics``)."""
+    (see agentledger/testing/pipeline.py, ``_delete_topics``)."""
     with partition_env.private_broker(hub.svc) as bootstrap:
         yield bootstrap
 

@@ -15,10 +15,10 @@ from datetime import datetime
 import psycopg2
 import pytest
 
+from agentledger.testing import processes
+from agentledger.testing.pipeline import Pipeline, pipeline
+from agentledger.testing.polling import wait_until
 from tests.chaos import harness
-from tests.e2e.pipeline import Pipeline, pipeline
-from tests.helpers import wait_until
-from tests.integration import processes
 from tests.private_stack import PrivateStack
 
 

@@ -39,10 +39,9 @@ from hypothesis import strategies as st
 from agentledger import identity
 from agentledger.contracts.proposals import ProposalV1
 from agentledger.contracts.requests import RequestV1
-from tests import kafka_read
-from tests.e2e.pipeline import Pipeline, pipeline
-from tests.helpers import wait_until
-from tests.integration import identities, processes
+from agentledger.testing import identities, kafka_read, processes
+from agentledger.testing.pipeline import Pipeline, pipeline
+from agentledger.testing.polling import wait_until
 from tests.stack import Stack
 
 EXAMPLES = 60

@@ -12,9 +12,9 @@ from types import TracebackType
 
 from confluent_kafka import KafkaError, Producer
 
+from agentledger.testing.pipeline import Pipeline
+from agentledger.testing.polling import wait_until
 from tests.chaos import harness
-from tests.e2e.pipeline import Pipeline
-from tests.helpers import wait_until
 from tests.kafka_cluster import SESSION_TIMEOUT_S
 
 # Operations proposed after a fault's positive marker, so the pipeline visibly carries on.

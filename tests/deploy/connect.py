@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from tests.helpers import wait_until
+from agentledger.testing.polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 FETCH = ROOT / "deploy" / "connect" / "fetch.sh"

@@ -11,13 +11,14 @@ a difference, which is asserted as such so it cannot drift silently.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -27,10 +28,11 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from agentledger.testing import ledger
+from agentledger.testing.polling import wait_until
 from tests import stack as stack_mod
 from tests.deploy import conftest as deploy_conftest
 from tests.deploy import connect
-from tests.helpers import wait_until
 from tests.integration.relay import support
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,7 +153,25 @@ class Event:
     tracestate: str | None
 
 
-# Columns as the relay tests and admission write them; the payload carries more shapes.
+# Written by hand, unlike the relay tests (agentledger.testing.ledger): the comparison needs
+# the same rows, ids included, in two databases, and admission's statements let the database
+# choose the outbox ids. Columns as admission writes them (ledger/queries.sql admit_command).
+_ADMIT_COMMAND = """
+INSERT INTO agent_command (tenant_id, operation_id, request_hash, state, principal_id, action,
+  connector, resource_id, decision_id, policy_version, allowlist_version, expires_at,
+  payload_ciphertext, payload_key_version)
+VALUES (%(tenant)s, %(op)s, %(hash)s, 'pending', 'user-1', %(action)s, %(connector)s, 'res-1',
+  %(decision)s, 'p1', 'a1', now() + interval '1 hour', %(cipher)s, 1)
+"""
+_COMMAND_OUTBOX = """
+INSERT INTO command_outbox (tenant_id, operation_id, id, aggregatetype, aggregateid, type,
+  payload, traceparent, tracestate)
+VALUES (%(tenant)s, %(op)s, %(id)s, %(connector)s, %(key)s, 'command.admitted',
+  jsonb_build_object('tenant_id', %(tenant)s::uuid, 'operation_id', %(op)s::uuid,
+                     'type', 'command.admitted'),
+  %(traceparent)s, %(tracestate)s)
+"""
+# The payload carries more shapes than admission's events.
 _EVENT = """
 INSERT INTO event_outbox (id, tenant_id, operation_id, aggregatetype, aggregateid, type,
   payload, traceparent, tracestate)
@@ -162,32 +182,41 @@ VALUES (%(id)s, %(tenant)s, NULL, %(kind)s, %(tenant)s::text, %(type)s,
 
 
 def make_rows(count: int, tenants: list[uuid.UUID], start: int
-              ) -> list[list[support.Command | Event]]:
+              ) -> list[list[ledger.Command | Event]]:
     """Transactions of commands and events; NULL and non-NULL trace columns mixed."""
-    batches: list[list[support.Command | Event]] = []
+    batches: list[list[ledger.Command | Event]] = []
     for first in range(start, start + count, 6):
-        batch: list[support.Command | Event] = []
+        batch: list[ledger.Command | Event] = []
         for i in range(first, min(first + 6, start + count)):
             tenant = tenants[i % len(tenants)]
-            batch.append(support.new_command(tenant, CONNECTORS[i % len(CONNECTORS)],
-                                             tracestate="al=1" if i % 2 else None))
+            batch.append(replace(ledger.new_command(tenant, CONNECTORS[i % len(CONNECTORS)],
+                                                    tracestate="al=1" if i % 2 else None),
+                                 event_id=uuid.uuid4()))
             batch.append(Event(uuid.uuid4(), tenant, "audit", i,
-                               None if i % 5 == 0 else support.traceparent(),
+                               None if i % 5 == 0 else ledger.traceparent(),
                                "vendor=x" if i % 3 == 0 else None))
-        batch.append(Event(uuid.uuid4(), tenants[0], "outcome", first, support.traceparent(),
+        batch.append(Event(uuid.uuid4(), tenants[0], "outcome", first, ledger.traceparent(),
                            None))
         batches.append(batch)
     return batches
 
 
-def insert(database_url: str, batches: list[list[support.Command | Event]]) -> None:
+def insert(database_url: str, batches: list[list[ledger.Command | Event]]) -> None:
     conn = psycopg2.connect(database_url)
     try:
         for batch in batches:
             with conn, conn.cursor() as cur:  # one transaction per batch
                 for row in batch:
-                    if isinstance(row, support.Command):
-                        support.admit(cur, row)
+                    if isinstance(row, ledger.Command):
+                        cur.execute(_ADMIT_COMMAND, {
+                            "tenant": str(row.tenant), "op": str(row.operation),
+                            "hash": hashlib.sha256(row.key.encode()).digest(),
+                            "action": f"{row.connector}.note.create", "connector": row.connector,
+                            "decision": str(uuid.uuid4()), "cipher": b"\x00" * 16})
+                        cur.execute(_COMMAND_OUTBOX, {
+                            "tenant": str(row.tenant), "op": str(row.operation),
+                            "id": str(row.event_id), "connector": row.connector, "key": row.key,
+                            "traceparent": row.traceparent, "tracestate": row.tracestate})
                     else:
                         cur.execute(_EVENT, {
                             "id": str(row.id), "tenant": str(row.tenant), "kind": row.kind,
@@ -199,11 +228,11 @@ def insert(database_url: str, batches: list[list[support.Command | Event]]) -> N
         conn.close()
 
 
-def expected_topics(batches: list[list[support.Command | Event]]) -> dict[str, int]:
+def expected_topics(batches: list[list[ledger.Command | Event]]) -> dict[str, int]:
     counts: dict[str, int] = defaultdict(int)
     for batch in batches:
         for row in batch:
-            if isinstance(row, support.Command):
+            if isinstance(row, ledger.Command):
                 counts[f"exec.{row.connector}.v1"] += 1
             else:
                 counts[{"audit": "audit.events.v1", "outcome": "agent.outcomes.v1"}[row.kind]] += 1
@@ -328,9 +357,9 @@ def test_debezium_outbox_router_publishes_what_the_relay_publishes(
         assert any(None in dict(r.headers).values() for r in theirs), "no NULL column covered"
 
         # Documented difference: the relay sweeps what Kafka confirmed; Debezium never deletes.
-        assert wait_until(lambda: support.outbox_count(relay_db) == 0, timeout=30), \
+        assert wait_until(lambda: ledger.outbox_count(relay_db) == 0, timeout=30), \
             relay.log_text()[-3000:]
-        assert support.outbox_count(debezium_db) == len(ours)
+        assert ledger.outbox_count(debezium_db) == len(ours)
     finally:
         stopped = time.monotonic()
         code = worker.stop()
@@ -339,9 +368,9 @@ def test_debezium_outbox_router_publishes_what_the_relay_publishes(
                 relay.terminate(proc)
         relay.kill_all()
         _report(request, f"Connect stopped (exit {code}) in {connect.elapsed(stopped)}")
-        support.drop_slot(relay_db, relay.slot)
-        support.drop_slot(debezium_db, dbz_slot)
-        support.delete_namespace_topics(kafka_admin, relay.namespace)
-        support.delete_namespace_topics(kafka_admin, dbz_ns)
+        ledger.drop_slot(relay_db, relay.slot)
+        ledger.drop_slot(debezium_db, dbz_slot)
+        ledger.delete_namespace_topics(kafka_admin, relay.namespace)
+        ledger.delete_namespace_topics(kafka_admin, dbz_ns)
         # Heartbeats go to __debezium-heartbeat.<topic.prefix>, outside the namespace.
-        support.delete_namespace_topics(kafka_admin, f"__debezium-heartbeat.{prefix}")
+        ledger.delete_namespace_topics(kafka_admin, f"__debezium-heartbeat.{prefix}")

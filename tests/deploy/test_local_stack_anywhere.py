@@ -25,7 +25,7 @@ import psycopg2
 import pytest
 
 from agentledger import settings
-from tests.helpers import wait_until
+from agentledger.testing.polling import wait_until
 
 SCRIPTS = settings.REPO_ROOT / "deploy" / "local"
 KAFKA_LIBS = settings.REPO_ROOT / ".local" / "kafka" / "libs"

@@ -20,8 +20,8 @@ import psycopg2
 import pytest
 
 from agentledger import client
-from agentledger.demo import launch
-from agentledger.demo import stack as demo_stack
+from demo import launch
+from demo import stack as demo_stack
 from tests.stack import Stack
 
 # Start-up is ~10 s and the scenarios ~10 s here; a loaded 2-core CI box may take several times that.
@@ -139,6 +139,11 @@ def test_lost_refund_went_unknown_then_was_resolved_by_an_operator(demo: tuple[l
     assert len(effects(world, world.acme, "refund.created")) == 2
     assert "ledger: unknown" in out and "resolved by user:oscar" in out
     assert "unchecked" in out.split("3 · A refund")[1]
+    # The operator's steps, narrated from the library's own answers (not the CLI's commands).
+    told = out.split("3 · A refund")[1]
+    assert f"{op}  billing.refund.create  connector=billing" in told
+    assert f"resolved {op} as succeeded by user:oscar" in told
+    assert f"operation {op}" in out.split("What is known, per operation")[1]
 
 
 def test_injection_attempts_were_refused_with_zero_effects(demo: tuple[launch.World, str]) -> None:

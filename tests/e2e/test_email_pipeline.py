@@ -24,8 +24,8 @@ import pytest
 from agentledger.connectors import plugins
 from agentledger.policy import allowlist, cedar
 from agentledger.policy import check as check_mod
+from agentledger.testing.pipeline import Pipeline, pipeline
 from tests import mailpit
-from tests.e2e.pipeline import Pipeline, pipeline
 from tests.stack import Stack
 
 

@@ -18,7 +18,7 @@ import pytest
 from agentledger import client as client_mod
 from agentledger import errors
 from agentledger.contracts import outcomes
-from tests.e2e.pipeline import Pipeline, pipeline
+from agentledger.testing.pipeline import Pipeline, pipeline
 from tests.stack import Stack
 
 RUNS = 20

@@ -16,7 +16,7 @@ import agentledger_http
 import pytest
 
 from agentledger.policy import allowlist
-from tests.e2e.pipeline import Pipeline, pipeline
+from agentledger.testing.pipeline import Pipeline, pipeline
 from tests.stack import Stack
 
 ACTION = "crmhttp.note.create"

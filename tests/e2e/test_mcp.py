@@ -28,9 +28,9 @@ from mcp.shared.exceptions import MCPError
 from agentledger import client as client_mod
 from agentledger import identity
 from agentledger.mcp import auth, idempotency, runs
-from tests.e2e.pipeline import Pipeline, pipeline
-from tests.helpers import wait_until
-from tests.integration import processes
+from agentledger.testing import processes
+from agentledger.testing.pipeline import Pipeline, pipeline
+from agentledger.testing.polling import wait_until
 from tests.stack import Stack
 
 ACTIONS = {"crm.note.create", "crm.contact.update", "billing.refund.create"}

@@ -18,9 +18,10 @@ import psycopg2
 import pytest
 
 from agentledger import logins
-from tests import kafka_read, syncrep
-from tests.e2e.pipeline import Pipeline, pipeline
-from tests.helpers import wait_until
+from agentledger.testing import kafka_read
+from agentledger.testing.pipeline import Pipeline, pipeline
+from agentledger.testing.polling import wait_until
+from tests import syncrep
 from tests.stack import Stack
 
 

@@ -20,8 +20,8 @@ import pytest
 
 from agentledger import client as client_mod
 from agentledger import identity
-from tests.e2e.pipeline import Pipeline, pipeline
-from tests.integration import identities
+from agentledger.testing import identities
+from agentledger.testing.pipeline import Pipeline, pipeline
 from tests.stack import Stack
 
 LIMIT = 2

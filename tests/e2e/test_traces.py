@@ -25,9 +25,9 @@ from confluent_kafka import Consumer
 from agentledger import identity, settings
 from agentledger.contracts.requests import RequestV1
 from agentledger.telemetry import metrics as telemetry_metrics
-from tests.e2e.pipeline import Pipeline, pipeline
-from tests.helpers import wait_until
-from tests.integration import identities, processes
+from agentledger.testing import identities, processes
+from agentledger.testing.pipeline import Pipeline, pipeline
+from agentledger.testing.polling import wait_until
 from tests.stack import Stack
 
 SERVICES = ("relay", "admission", "executor-crm", "executor-billing", "reconciler")

@@ -23,8 +23,8 @@ from agentledger.ledger import keys
 from agentledger.policy import allowlist
 from agentledger.policy import repository as policy_repo
 from agentledger.resources import MappingResolver
-from tests.integration import identities
-from tests.integration.crm.conftest import Crm, run_crm
+from agentledger.testing import identities
+from agentledger.testing.crm import Crm, run_crm
 
 RULES = allowlist.Allowlist.load()
 

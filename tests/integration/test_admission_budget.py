@@ -24,7 +24,7 @@ from agentledger.ledger import groupcommit, keys
 from agentledger.policy import allowlist
 from agentledger.policy import repository as policy_repo
 from agentledger.resources import MappingResolver
-from tests.integration import identities
+from agentledger.testing import identities
 from tests.integration.test_shadow_admission import MASTER, TENANT
 
 APP = "agentledger-budget-test"

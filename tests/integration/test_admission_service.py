@@ -23,8 +23,8 @@ from confluent_kafka import Consumer, Producer
 
 from agentledger import identity, logins
 from agentledger.contracts import topics
-from tests.helpers import wait_until
-from tests.integration import identities, processes
+from agentledger.testing import identities, processes
+from agentledger.testing.polling import wait_until
 from tests.stack import Stack
 
 ADMIN_TOKEN = "crm-admin-" + uuid.uuid4().hex

@@ -242,7 +242,7 @@ async def test_the_functions_check_the_tenant_inside(
     for bound in (uuid.uuid4(), None):
         with pytest.raises(errors.AccessDenied, match="tenant"):
             async with repository.transaction(planner, bound) as tx:
-                await tx.fetch("SELECT * FROM agentledger_budget_reserve($1, $2, 'tool_calls', 1)",
+                await tx.fetch("SELECT * FROM agentledger_budget_reserve_v2($1, $2, 'tool_calls', 1)",
                                tenant, workflow)
         with pytest.raises(errors.AccessDenied, match="tenant"):
             async with repository.transaction(planner, bound) as tx:
@@ -263,7 +263,7 @@ async def test_budget_roles_are_least_privilege(db: asyncpg.Connection) -> None:
         "       has_function_privilege('public', p.oid, 'EXECUTE') AS public_exec "
         "FROM pg_proc p WHERE p.proname LIKE 'agentledger_budget_%'")
     # Opening from the tenant's default (migration 0008): the planner never chooses a limit.
-    assert {f["proname"] for f in functions} == {"agentledger_budget_reserve",
+    assert {f["proname"] for f in functions} == {"agentledger_budget_reserve_v2",
                                                  "agentledger_budget_settle",
                                                  "agentledger_budget_open_default"}
     for f in functions:

@@ -24,8 +24,8 @@ import pytest
 from agentledger.connectors import base
 from agentledger.connectors import crm as crm_connectors
 from agentledger.evals import dataset
-from tests.integration import processes
-from tests.integration.crm.conftest import Crm, run_crm
+from agentledger.testing import processes
+from agentledger.testing.crm import Crm, run_crm
 
 EVALSET = dataset.load()
 TENANTS = sorted({r.tenant for c in EVALSET.cases for r in c.records} | {c.tenant for c in EVALSET.cases})
@@ -39,7 +39,7 @@ def crm(make_database: Callable[[], str], tmp_path_factory: pytest.TempPathFacto
 
 
 def run_eval(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agentledger.cli_eval", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "agentledger.cli", "eval", *args], capture_output=True,
                           text=True, timeout=240, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
                           cwd=dataset.DEFAULT_DIR.parent)
 
@@ -82,7 +82,7 @@ async def test_an_eval_run_leaves_the_crm_effect_log_unchanged(crm: Crm, tmp_pat
 def fake_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = processes.free_port()
     url = f"http://127.0.0.1:{port}"
-    with processes.running("tests.integration.fake_model", {"FAKE_MODEL_PORT": str(port)},
+    with processes.running("agentledger.testing.fake_model", {"FAKE_MODEL_PORT": str(port)},
                            tmp_path_factory.mktemp("model") / "model.log", ready=processes.http_ok(f"{url}/healthz")):
         yield f"{url}/v1"
 

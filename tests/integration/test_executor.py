@@ -11,13 +11,16 @@ from typing import Any
 
 import asyncpg
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 
 from agentledger import errors
 from agentledger.connectors import crm as crm_connectors
 from agentledger.ledger import dispatch, resolutions
+from agentledger.telemetry import metrics as telemetry_metrics
+from agentledger.testing.crm import Crm, run_crm
 from tests.helpers import assert_eventually
 from tests.integration import executor_world
-from tests.integration.crm.conftest import Crm, run_crm
 from tests.integration.executor_world import World, close_world, open_world
 
 NOTE = "crm.note.create"
@@ -30,6 +33,33 @@ UNCHECKED: dict[str, Any] = {"receipt_check": "unchecked", "check_detail": "bill
 
 
 crm, world = executor_world.fixtures()
+
+Points = Callable[[], dict[tuple[tuple[str, Any], ...], int | float]]
+
+
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Points]:
+    """``recorded("leases_expired")``: that counter on a private provider, and a reader of
+    its points by label set (the global provider can be set once per process)."""
+
+    def swap(attribute: str) -> Points:
+        real: telemetry_metrics.Counter = getattr(telemetry_metrics, attribute)
+        reader = InMemoryMetricReader()
+        meter = MeterProvider(metric_readers=[reader], shutdown_on_exit=False).get_meter("t")
+        monkeypatch.setattr(telemetry_metrics, attribute, telemetry_metrics.Counter(
+            meter, real.name, unit=real.unit, description=real.description,
+            labels=real.declared))
+
+        def points() -> dict[tuple[tuple[str, Any], ...], int | float]:
+            data = reader.get_metrics_data()
+            return {tuple(sorted((p.attributes or {}).items())): p.value
+                    for rm in (data.resource_metrics if data else ()) for sm in rm.scope_metrics
+                    for m in sm.metrics for p in m.data.data_points
+                    if isinstance(p, NumberDataPoint)}
+
+        return points
+
+    return swap
 
 
 async def test_lost_response_on_a_keyed_note_yields_one_note_and_success(world: World) -> None:
@@ -169,7 +199,9 @@ async def test_redelivered_command_calls_nothing(world: World) -> None:
     assert len(await world.effects(t, "note.created")) == 1
 
 
-async def test_connection_refused_requeues_without_an_effect(world: World, crm: Crm) -> None:
+async def test_connection_refused_requeues_without_an_effect(
+        world: World, crm: Crm, recorded: Callable[[str], Points], monkeypatch: pytest.MonkeyPatch) -> None:
+    capped = recorded("retries_capped")
     t = await world.tenant()
     op = await world.admit(t, NOTE, {"body": "provider down"})
     from agentledger.connectors import crm as crm_connectors
@@ -206,6 +238,23 @@ async def test_connection_refused_requeues_without_an_effect(world: World, crm: 
                                        op)
     assert [o["type"] for o in outbox] == ["command.requeued"] and retry_at is None
     assert op not in await reconciler.sweep()  # published once
+    assert capped() == {}
+    # Still refused at the cap of generations: held `unknown` for an operator, counted once.
+    still_down = world.dispatcher()
+    still_down.connectors = crm_connectors.registry("http://127.0.0.1:9")
+    still_down.max_generations = 2
+    monkeypatch.setattr(dispatcher_mod, "NOT_SENT_RETRIES", 0)
+    again = await still_down.begin(t.tenant_id, op)
+    assert again.claim is not None and again.claim.generation == 2
+    try:
+        assert await still_down.complete(again.claim) == "unknown"
+    finally:
+        for c in still_down.connectors.values():
+            await c.aclose()
+    row = await world.row(t, op)
+    assert row["state"] == "unknown" and row["outcome_reason"].startswith("retry cap: 2"), dict(row)
+    assert capped() == {(("connector", "crm"),): 1}
+    assert await world.effects(t) == []
 
 
 async def test_operator_cli_lists_and_resolves_an_unknown_refund(world: World, database_url: str) -> None:
@@ -224,7 +273,7 @@ async def test_operator_cli_lists_and_resolves_an_unknown_refund(world: World, d
 
     # ops:eve operates: in the directory, and signing with her own session token.
     from agentledger.policy import repository as policy_repo
-    from tests.integration import identities
+    from agentledger.testing import identities
 
     async with world.owner.acquire() as conn:
         await policy_repo.put_principal(conn, t.tenant_id, "ops:eve", ["agent-operator"])
@@ -324,7 +373,9 @@ async def test_a_command_whose_record_was_lost_is_republished_once_then_dispatch
     assert len(notes) == 1
 
 
-async def test_a_command_that_never_gets_an_answer_stops_at_the_retry_cap(world: World) -> None:
+async def test_a_command_that_never_gets_an_answer_stops_at_the_retry_cap(
+        world: World, recorded: Callable[[str], Points]) -> None:
+    capped_metric, expired = recorded("retries_capped"), recorded("leases_expired")
     # Issue 17: a provider answering 5xx to every send of a request, and a lookup that never
     # finds it, made dispatch -> unknown -> lookup -> requeue loop without end (363 attempts
     # in 105 s). Past the cap of fencing generations the command is held for an operator.
@@ -359,6 +410,10 @@ async def test_a_command_that_never_gets_an_answer_stops_at_the_retry_cap(world:
     # Two executor generations of three sends each, two lookups: bounded, and nothing created.
     assert len(attempts) == 8, [(a["kind"], a["result"]) for a in attempts]
     assert capped == 1
+    # The reconciler's requeue hit the cap: one count, after the extra sweep too. Every take-
+    # over was of an `unknown` command, never of a lease that ran out.
+    assert capped_metric() == {(("connector", "crm"),): 1}
+    assert expired() == {}
     assert await world.effects(t, "note.created") == []
 
 
@@ -407,7 +462,9 @@ async def _expire(world: World, op: uuid.UUID, *, past_call: bool = False) -> No
                            "WHERE operation_id = $1 AND state = 'dispatching'", op, ago)
 
 
-async def test_a_refund_whose_worker_stopped_before_the_call_is_requeued_not_unknown(world: World) -> None:
+async def test_a_refund_whose_worker_stopped_before_the_call_is_requeued_not_unknown(
+        world: World, recorded: Callable[[str], Points]) -> None:
+    expired = recorded("leases_expired")
     # Issue 17 §4: a claim that expired before any call reached the connector was recorded
     # `unknown` for a provider that can neither dedupe nor be asked — an operator's problem
     # although nothing was sent. The pre-call check stamps every attempt that may have
@@ -420,6 +477,7 @@ async def test_a_refund_whose_worker_stopped_before_the_call_is_requeued_not_unk
     assert begun.claim is not None
     await _expire(world, op)
     assert (await world.reconciler().sweep())[op] == "requeued"
+    assert expired() == {(("connector", "billing"),): 1}
     row = await world.row(t, op)
     assert (row["state"], row["outcome_reason"]) == (
         "pending", "the lease expired before any call reached the connector: nothing was sent")
@@ -438,7 +496,9 @@ async def test_a_refund_whose_worker_stopped_before_the_call_is_requeued_not_unk
     assert [a["sent_at"] is not None for a in tried if a["result"] == "succeeded"] == [True]
 
 
-async def test_a_refund_whose_call_may_have_been_sent_stays_unknown(world: World) -> None:
+async def test_a_refund_whose_call_may_have_been_sent_stays_unknown(
+        world: World, recorded: Callable[[str], Points]) -> None:
+    expired = recorded("leases_expired")
     # The other side of the stamp: once the pre-call check passed, the call may have reached
     # the provider; a lease that expires then is `unknown` for a `none` contract, as before.
     t = await world.tenant()
@@ -451,8 +511,10 @@ async def test_a_refund_whose_call_may_have_been_sent_stays_unknown(world: World
     assert (await world.reconciler().sweep())[op] == "skipped"
     row = await world.row(t, op)
     assert (row["state"], row["fencing_generation"]) == ("dispatching", claim.generation)
+    assert expired() == {}  # nothing taken over yet
     await _expire(world, op, past_call=True)
     assert (await world.reconciler().sweep())[op] == "unknown"
+    assert expired() == {(("connector", "billing"),): 1}
     assert (await world.row(t, op))["state"] == "unknown"
 
 

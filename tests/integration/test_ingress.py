@@ -26,8 +26,8 @@ from agentledger import client as client_mod
 from agentledger import identity, logins
 from agentledger.contracts import admission, outcomes, topics
 from agentledger.services.ingress import intake as intake_mod
-from tests.helpers import wait_until
-from tests.integration import processes
+from agentledger.testing import processes
+from agentledger.testing.polling import wait_until
 from tests.stack import Stack
 
 ADMIN_TOKEN = "crm-admin-" + uuid.uuid4().hex

@@ -20,7 +20,7 @@ from agentledger.planning import adapters, proposer, retrieval
 from agentledger.policy import repository as policy_repo
 from agentledger.policy.allowlist import Allowlist
 from agentledger.resources import MappingResolver
-from tests.integration import processes
+from agentledger.testing import processes
 from tests.unit.test_planner_proposer import request
 
 RULES = Allowlist.load()
@@ -32,7 +32,7 @@ OTHER_TENANT = uuid.uuid4()
 def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = processes.free_port()
     url = f"http://127.0.0.1:{port}"
-    with processes.running("tests.integration.fake_model", {"FAKE_MODEL_PORT": str(port)},
+    with processes.running("agentledger.testing.fake_model", {"FAKE_MODEL_PORT": str(port)},
                            tmp_path_factory.mktemp("model") / "model.log",
                            ready=processes.http_ok(f"{url}/healthz")):
         yield url + "/v1"

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from tests.helpers import wait_until
+from agentledger.testing.polling import wait_until
 from tests.stack import Stack
 
 

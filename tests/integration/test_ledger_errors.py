@@ -15,7 +15,7 @@ import pytest
 from agentledger import errors
 from agentledger.kafka import handling
 from agentledger.ledger import repository
-from tests.integration import processes
+from agentledger.testing import processes
 
 
 @pytest.mark.parametrize(("statement", "args", "sqlstate"), [

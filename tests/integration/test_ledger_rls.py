@@ -61,8 +61,8 @@ async def test_no_security_definer_function_runs_with_a_login_superuser_or_rls_b
         "FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace JOIN pg_roles r ON r.oid = p.proowner "
         "WHERE n.nspname = 'public' AND p.prosecdef")
     names = {d["fn"].split("(")[0] for d in definers}
-    assert {"agentledger_needs_reconciliation", "agentledger_stranded_pending", "agentledger_expire_approvals",
-            "agentledger_copy_audit_event", "agentledger_budget_reserve"} <= names, names
+    assert {"agentledger_needs_reconciliation_v3", "agentledger_stranded_pending_v2", "agentledger_expire_approvals",
+            "agentledger_copy_audit_event", "agentledger_budget_reserve_v2"} <= names, names
     for d in definers:
         assert not (d["rolsuper"] or d["rolbypassrls"] or d["rolcanlogin"]), dict(d)
         assert d["rolname"] in ("agentledger_sweeper", "agentledger_audit_writer",
@@ -82,8 +82,8 @@ async def test_the_sweepers_functions_still_serve_the_reconciler_across_tenants(
                          "claim_token = gen_random_uuid(), claimed_by = 'w1', fencing_generation = 1 "
                          "WHERE operation_id = $1", admitted.operation_id)
         await db.execute("SET ROLE agentledger_reconciler")
-        found = await db.fetch("SELECT * FROM agentledger_needs_reconciliation(100, ARRAY['crm'], 10)")
-        stranded = await db.fetch("SELECT * FROM agentledger_stranded_pending(100, interval '0 s')")
+        found = await db.fetch("SELECT * FROM agentledger_needs_reconciliation_v3(100, ARRAY['crm'], 10)")
+        stranded = await db.fetch("SELECT * FROM agentledger_stranded_pending_v2(100, interval '0 s')")
         expired = await db.fetch("SELECT * FROM agentledger_expire_approvals(100)")
         await db.execute("RESET ROLE")
         assert admitted.operation_id in {r["operation_id"] for r in found}

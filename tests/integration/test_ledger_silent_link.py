@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from agentledger.testing.polling import wait_until
 from tests import netns, partition_env
-from tests.helpers import wait_until
 from tests.stack import Stack
 
 pytestmark = pytest.mark.skipif(

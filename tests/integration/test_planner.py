@@ -22,8 +22,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from agentledger import identity
 from agentledger.contracts import requests, topics
-from tests.helpers import wait_until
-from tests.integration import processes
+from agentledger.testing import processes
+from agentledger.testing.polling import wait_until
 from tests.stack import Stack
 
 ADMIN_TOKEN = "crm-admin-" + uuid.uuid4().hex
@@ -109,7 +109,7 @@ def world(stack: Stack, make_database: Callable[[], str], tmp_path_factory: pyte
     envelope_private, envelope_public = identity.generate_keypair("EdDSA")
     with processes.running("agentledger.services.crm", crm_env, logs / "crm.log",
                            ready=processes.http_ok(f"{crm_url}/readyz")), \
-         processes.running("tests.integration.fake_model", {"FAKE_MODEL_PORT": str(model_port)}, logs / "model.log",
+         processes.running("agentledger.testing.fake_model", {"FAKE_MODEL_PORT": str(model_port)}, logs / "model.log",
                            ready=processes.http_ok(f"http://127.0.0.1:{model_port}/healthz")):
         admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         tenant_a, tenant_b = str(uuid.uuid4()), str(uuid.uuid4())

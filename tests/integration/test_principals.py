@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from agentledger import cli
 from agentledger.services.console import app as console_app
 from agentledger.services.console.settings import ConsoleSettings
-from tests.integration import identities
+from agentledger.testing import identities
 
 OPERATOR = identities.OPERATOR
 

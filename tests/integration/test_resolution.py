@@ -22,7 +22,8 @@ from typer.testing import CliRunner
 
 from agentledger import cli, identity
 from agentledger.policy import repository as policy_repo
-from tests.integration import executor_world, identities
+from agentledger.testing import identities
+from tests.integration import executor_world
 from tests.integration.executor_world import Tenant, World
 
 NOTE = "crm.note.create"

@@ -25,7 +25,7 @@ from agentledger.ledger import keys
 from agentledger.policy import allowlist
 from agentledger.policy import repository as policy_repo
 from agentledger.resources import MappingResolver
-from tests.integration import identities
+from agentledger.testing import identities
 from tests.integration.test_admission_service import World, proposal, world  # noqa: F401 - fixture
 
 TENANT = uuid.uuid4()

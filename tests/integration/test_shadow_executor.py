@@ -19,7 +19,7 @@ import pytest
 from agentledger import canonical
 from agentledger.connectors import base
 from agentledger.ledger import dispatch, keys, repository
-from tests.integration.crm.conftest import Crm, run_crm
+from agentledger.testing.crm import Crm, run_crm
 from tests.integration.executor_world import RULES, Tenant, World, close_world, open_world
 
 

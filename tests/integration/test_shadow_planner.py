@@ -28,8 +28,8 @@ from agentledger.evals import shadow, shadow_contract
 from agentledger.planning import adapters, proposer, retrieval
 from agentledger.policy import allowlist
 from agentledger.services.planner import handlers
+from agentledger.testing import identities
 from tests.helpers import assert_eventually
-from tests.integration import identities
 from tests.stack import Stack
 
 RULES = allowlist.Allowlist.load()

@@ -25,7 +25,7 @@ from agentledger.contracts.proposals import ProposalV1
 from agentledger.ledger import dispatch
 from agentledger.telemetry import metrics as telemetry_metrics
 from agentledger.telemetry import spans
-from tests.integration.crm.conftest import Crm, run_crm
+from agentledger.testing.crm import Crm, run_crm
 from tests.integration.executor_world import Tenant, World, close_world, open_world
 
 NOTE = "crm.note.create"

@@ -22,11 +22,11 @@ from typing import ClassVar
 
 import psycopg2
 
+from agentledger.testing import processes
+from agentledger.testing.pipeline import Pipeline
+from agentledger.testing.polling import wait_until
 from tests import netns
 from tests.chaos import harness
-from tests.e2e.pipeline import Pipeline
-from tests.helpers import wait_until
-from tests.integration import processes
 from tests.kafka_cluster import BROKERS, SESSION_TIMEOUT_S, KafkaCluster
 from tests.standby import StandbyPair
 

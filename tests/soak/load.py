@@ -26,8 +26,8 @@ from agentledger import errors
 from agentledger.approvals import repository as approvals
 from agentledger.policy import allowlist
 from agentledger.policy import repository as policy_repo
+from agentledger.testing.pipeline import Pipeline
 from tests.chaos import harness
-from tests.e2e.pipeline import Pipeline
 from tests.soak.history import History
 from tests.soak.worker import Worker
 

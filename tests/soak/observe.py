@@ -23,9 +23,9 @@ from confluent_kafka import Consumer, Message
 
 from agentledger.audit import explain as audit_explain
 from agentledger.connectors import crm as crm_connectors
-from tests import kafka_read
+from agentledger.testing import kafka_read
+from agentledger.testing.pipeline import Pipeline
 from tests.chaos import harness
-from tests.e2e.pipeline import Pipeline
 from tests.soak import checker, load
 from tests.soak.history import History
 from tests.soak.worker import Worker

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentledger.testing.pipeline import Pipeline
+from agentledger.testing.polling import wait_until
 from tests.chaos import harness
-from tests.e2e.pipeline import Pipeline
-from tests.helpers import wait_until
 from tests.soak import checker, faults, load, observe, report
 from tests.soak import history as history_mod
 from tests.soak.history import History

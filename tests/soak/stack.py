@@ -2,7 +2,7 @@
 3-broker KRaft cluster (tests/kafka_cluster.py), a PostgreSQL primary with a synchronous
 standby holding the ledger (tests/standby.py), a third PostgreSQL for the CRM — a provider,
 not our database, so restarting the ledger's primary never takes the provider down with it —
-and the whole pipeline as real processes (tests/e2e/pipeline.py) on top.
+and the whole pipeline as real processes (agentledger/testing/pipeline.py) on top.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentledger.testing import processes
+from agentledger.testing.pipeline import Pipeline, pipeline
 from tests import netns, partition_env
 from tests.chaos import harness
-from tests.e2e.pipeline import Pipeline, pipeline
-from tests.integration import processes
 from tests.kafka_cluster import KafkaCluster, kafka_cluster_running
 from tests.standby import SCRIPTS, StandbyPair, standby_pair_running
 

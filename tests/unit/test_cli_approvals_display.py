@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
-from agentledger import cli_approvals
+from agentledger.cli import approvals as cli_approvals
 
 
 def test_escape_sequences_and_bidi_overrides_in_a_request_print_as_visible_codes(

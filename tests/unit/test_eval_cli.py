@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from agentledger import cli_eval
+from agentledger.cli import eval as cli_eval
 from agentledger.evals import dataset
 from agentledger.policy import allowlist
 

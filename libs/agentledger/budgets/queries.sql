@@ -23,7 +23,7 @@ ORDER BY kind;
 -- name: reserve --
 -- One atomic reservation, or a classified (and audited) refusal.
 SELECT reservation_id, outcome, limit_amount, reserved, used, deadline
-FROM agentledger_budget_reserve($1, $2, $3, $4, $5);
+FROM agentledger_budget_reserve_v2($1, $2, $3, $4, $5);
 
 -- name: settle --
 -- Commit ($3 = used) or release ($3 NULL) once; again returns the recorded settlement.

@@ -155,7 +155,7 @@ VALUES ($1, $2, $3, $1::uuid::text || ':' || $2::uuid::text, $5,
 -- Keys of commands pending longer than $2 seconds with no obligation left in the outbox, or
 -- whose requeue backoff ran out (`retry_at` set: 0019).
 SELECT tenant_id, operation_id, connector, retry_at
-FROM agentledger_stranded_pending($1, make_interval(secs => $2));
+FROM agentledger_stranded_pending_v2($1, make_interval(secs => $2));
 
 -- name: touch_stranded --
 -- Claims the renewal, conditional on the command still being stranded: of two reconcilers,
@@ -179,13 +179,13 @@ ORDER BY sent_at;
 
 -- name: end_leases_of --
 -- A restarted worker ends the leases its predecessor (same identity) still holds (0017).
-SELECT agentledger_end_leases_of($1);
+SELECT agentledger_end_leases_of_v2($1);
 
 -- name: needs_reconciliation --
 -- Keys of commands with an expired lease or an unknown outcome below the retry cap, across
 -- tenants (the function returns no payload and no principal; see migrations 0004, 0012).
 SELECT tenant_id, operation_id, state, connector
-FROM agentledger_needs_reconciliation($1, $2::text[], $3);
+FROM agentledger_needs_reconciliation_v3($1, $2::text[], $3);
 
 -- name: resolve_unknown --
 -- An operator's resolution of an `unknown` command (R6.6): only from `unknown`.

@@ -11,7 +11,7 @@ import uuid
 
 import asyncpg
 
-from tests.integration.crm.conftest import Crm
+from agentledger.testing.crm import Crm
 
 JSON = "application/json"
 NOTE = {"body": "call back on Monday"}

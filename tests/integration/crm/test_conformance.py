@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from agentledger import cli
 from agentledger.connectors import conformance, plugins
+from agentledger.testing.crm import Crm
 from tests.helpers import serving
-from tests.integration.crm.conftest import Crm
 
 
 def declared(url: str) -> dict[str, Any]:

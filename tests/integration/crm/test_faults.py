@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
+from agentledger.testing.crm import Crm, Tenant
 from tests.helpers import assert_eventually
-from tests.integration.crm.conftest import Crm, Tenant
 
 NOTE = {"body": "call back on Monday"}
 # Long enough for the note transaction to commit; far past the client timeout below.

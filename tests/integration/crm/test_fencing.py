@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from tests.integration.crm.conftest import Crm, Tenant
+from agentledger.testing.crm import Crm, Tenant
 
 NOTE = {"body": "call back on Monday"}
 REFUND = {"customer_id": "", "invoice_id": "inv-1", "amount_cents": 1500, "currency": "EUR",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from tests.integration.crm.conftest import Crm
+from agentledger.testing.crm import Crm
 
 NOTE = {"body": "call back on Monday"}
 

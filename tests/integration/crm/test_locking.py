@@ -7,8 +7,8 @@ import asyncio
 
 import asyncpg
 
+from agentledger.testing.crm import Crm
 from tests.helpers import assert_eventually
-from tests.integration.crm.conftest import Crm
 
 NOTE = {"body": "call back on Monday"}
 

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
+from agentledger.testing.crm import Crm
 from tests.helpers import assert_eventually
-from tests.integration.crm.conftest import Crm
 
 NOTE = {"body": "call back on Monday"}
 # Short enough to watch a key expire in a test; polled with a deadline, never slept on; long

@@ -11,8 +11,8 @@ import pytest
 
 from agentledger import errors
 from agentledger.resources.crm import CrmResolver
-from tests.integration import processes
-from tests.integration.crm.conftest import Crm
+from agentledger.testing import processes
+from agentledger.testing.crm import Crm
 
 
 async def test_revisions_of_many_ids_in_one_read_only_the_tenants_own(crm: Crm) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from agentledger.testing import ledger
 from tests import stack as stack_mod
 from tests.integration.relay import support
 
@@ -32,5 +33,5 @@ def relay(
         yield runner
     finally:
         runner.kill_all()
-        support.drop_slot(runner.database_url, runner.slot)
-        support.delete_namespace_topics(kafka_admin, runner.namespace)
+        ledger.drop_slot(runner.database_url, runner.slot)
+        ledger.delete_namespace_topics(kafka_admin, runner.namespace)

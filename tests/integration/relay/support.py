@@ -1,9 +1,10 @@
-"""Helpers of the relay tests: admit rows, run the relay as a process, read the topics."""
+"""Helpers of the relay tests: a load that survives database restarts, the relay as a
+process, reading its topics and explaining a miss. Commands and events are written by
+``agentledger.testing.ledger`` (the product's own admission statements)."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import signal
 import subprocess
@@ -13,121 +14,20 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+import asyncpg
 import psycopg2
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from agentledger import logins
-from tests.helpers import wait_until
+from agentledger import errors, logins
+from agentledger.testing import ledger
+from agentledger.testing.polling import wait_until
 
-CONNECTORS = ("crm", "billing", "shipping")
-
-
-def traceparent() -> str:
-    return f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"
-
-
-@dataclass(frozen=True)
-class Command:
-    """One admitted command and the ids of the outbox rows written with it."""
-
-    tenant: uuid.UUID
-    operation: uuid.UUID
-    connector: str
-    event_id: uuid.UUID = field(default_factory=uuid.uuid4)
-    traceparent: str = field(default_factory=traceparent)
-    tracestate: str | None = None
-
-    @property
-    def key(self) -> str:
-        return f"{self.tenant}:{self.operation}"
-
-
-def new_command(tenant: uuid.UUID, connector: str, tracestate: str | None = None) -> Command:
-    return Command(tenant, uuid.uuid4(), connector, tracestate=tracestate)
-
-
-_ADMIT_COMMAND = """
-INSERT INTO agent_command (tenant_id, operation_id, request_hash, state, principal_id, action,
-  connector, resource_id, decision_id, policy_version, allowlist_version, expires_at,
-  payload_ciphertext, payload_key_version)
-VALUES (%(tenant)s, %(op)s, %(hash)s, 'pending', 'user-1', %(action)s, %(connector)s, 'res-1',
-  %(decision)s, 'p1', 'a1', now() + interval '1 hour', %(cipher)s, 1)
-"""
-_COMMAND_OUTBOX = """
-INSERT INTO command_outbox (tenant_id, operation_id, id, aggregatetype, aggregateid, type,
-  payload, traceparent, tracestate)
-VALUES (%(tenant)s, %(op)s, %(id)s, %(connector)s, %(key)s, 'command.admitted',
-  json_build_object('tenant_id', %(tenant)s::text, 'operation_id', %(op)s::text,
-                    'type', 'command.admitted'),
-  %(traceparent)s, %(tracestate)s)
-"""
-_EVENT_OUTBOX = """
-INSERT INTO event_outbox (id, tenant_id, operation_id, aggregatetype, aggregateid, type,
-  payload, traceparent)
-VALUES (%(id)s, %(tenant)s, %(op)s, %(kind)s, %(tenant)s::text, %(type)s,
-  json_build_object('tenant_id', %(tenant)s::text, 'seq', %(seq)s), %(traceparent)s)
-"""
-
-
-def admit(cur: Any, command: Command) -> None:
-    """Insert the ledger row and its dispatch obligation (in the caller's transaction)."""
-    params = {
-        "tenant": str(command.tenant),
-        "op": str(command.operation),
-        "hash": hashlib.sha256(command.key.encode()).digest(),
-        "action": f"{command.connector}.note.create",
-        "connector": command.connector,
-        "decision": str(uuid.uuid4()),
-        "cipher": b"\x00" * 16,
-        "id": str(command.event_id),
-        "key": command.key,
-        "traceparent": command.traceparent,
-        "tracestate": command.tracestate,
-    }
-    cur.execute(_ADMIT_COMMAND, params)
-    cur.execute(_COMMAND_OUTBOX, params)
-
-
-def add_event(cur: Any, tenant: uuid.UUID, kind: str, seq: int) -> uuid.UUID:
-    """Insert one audit/outcome event carrying a sequence number; returns its id."""
-    event_id = uuid.uuid4()
-    cur.execute(_EVENT_OUTBOX, {
-        "id": str(event_id), "tenant": str(tenant), "op": None, "kind": kind,
-        "type": f"{kind}.recorded", "seq": seq, "traceparent": traceparent(),
-    })
-    return event_id
-
-
-def outbox_count(url: str) -> int:
-    conn = psycopg2.connect(url)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT (SELECT count(*) FROM command_outbox)"
-                        " + (SELECT count(*) FROM event_outbox)")
-            return int(cur.fetchone()[0])
-    finally:
-        conn.close()
-
-
-def drop_slot(url: str, slot: str) -> None:
-    """Drop the test's slot once no process streams from it."""
-    conn = psycopg2.connect(url)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            def inactive() -> bool:
-                cur.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
-                row = cur.fetchone()
-                return row is None or not row[0]
-
-            assert wait_until(inactive, timeout=30), f"slot {slot} still active"
-            cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
-                        " WHERE slot_name = %s", (slot,))
-    finally:
-        conn.close()
+# What a database restart looks like to the writer: refused or dropped connections, and the
+# storage errors the ledger translates them into.
+_DATABASE_AWAY = (errors.StorageError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError,
+                  TimeoutError)
 
 
 class ResilientAdmitter(threading.Thread):
@@ -158,7 +58,7 @@ class ResilientAdmitter(threading.Thread):
         self.paused.clear()
 
     def run(self) -> None:
-        conn = None
+        writer: ledger.Ledger | None = None
         seq = 0
         while not self.stop.is_set():
             if self.paused.is_set():
@@ -167,22 +67,22 @@ class ResilientAdmitter(threading.Thread):
                 continue
             self.idle.clear()
             try:
-                if conn is None:
-                    conn = psycopg2.connect(self.url, connect_timeout=2)
+                if writer is None:
+                    writer = ledger.Ledger(self.url, connect_timeout=2)
                 tenant = self.tenants[seq % len(self.tenants)]
-                with conn, conn.cursor() as cur:
-                    admit(cur, new_command(tenant, CONNECTORS[seq % 3]))
-                    add_event(cur, tenant, "outcome", seq)
+                with writer.transaction():
+                    writer.admit(ledger.new_command(tenant, ledger.CONNECTORS[seq % 3]))
+                    writer.add_event(tenant, "outcome", seq)
                 self.commits += 1
                 seq += 1
                 self.stop.wait(self.pace_s)  # 0.005: ~150 commands/s
-            except psycopg2.Error:
-                if conn is not None:
-                    conn.close()
-                conn = None
+            except _DATABASE_AWAY:
+                if writer is not None:
+                    writer.close()
+                writer = None
                 self.stop.wait(0.2)  # the database is restarting: back off, then retry
-        if conn is not None:
-            conn.close()
+        if writer is not None:
+            writer.close()
 
     def admitted_keys(self) -> set[str]:
         """Ground truth: every command of the current tenants whose transaction committed."""
@@ -310,13 +210,6 @@ def read_topics(
         return records
     finally:
         consumer.close()
-
-
-def delete_namespace_topics(admin: AdminClient, namespace: str) -> None:
-    names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(namespace)]
-    if names:
-        for future in admin.delete_topics(names, operation_timeout=30).values():
-            future.result(timeout=30)
 
 
 def acknowledged_at(log_text: str) -> dict[str, list[tuple[str, int, int]]]:

@@ -13,25 +13,25 @@ import uuid
 import psycopg2
 from confluent_kafka.admin import AdminClient
 
-from tests import kafka_read
-from tests.helpers import wait_until
+from agentledger.testing import kafka_read, ledger
+from agentledger.testing.polling import wait_until
 from tests.integration.relay import support
 
 ROWS = 5
+# Admission writes two outbox rows per command: its exec obligation and its audit event.
+OUTBOX_ROWS = 2 * ROWS
 # Scan quickly in these tests; production waits far longer than the normal relay latency.
 QUICK = {"AGENTLEDGER_RELAY_BACKSTOP_AGE": "1", "AGENTLEDGER_RELAY_BACKSTOP_INTERVAL": "0.5"}
 
 
-def _admit(url: str, n: int) -> list[support.Command]:
-    commands = [support.new_command(uuid.uuid4(), support.CONNECTORS[i % 3]) for i in range(n)]
-    conn = psycopg2.connect(url)
+def _admit(url: str, n: int) -> list[ledger.Command]:
+    writer = ledger.Ledger(url)
     try:
-        with conn, conn.cursor() as cur:
-            for command in commands:
-                support.admit(cur, command)
+        with writer.transaction():
+            return [writer.admit(ledger.new_command(uuid.uuid4(), ledger.CONNECTORS[i % 3]))
+                    for i in range(n)]
     finally:
-        conn.close()
-    return commands
+        writer.close()
 
 
 def _sql(url: str, statement: str, *params: object) -> list[tuple[object, ...]]:
@@ -46,7 +46,7 @@ def _sql(url: str, statement: str, *params: object) -> list[tuple[object, ...]]:
 
 
 def _published(relay: support.Relay, kafka_admin: AdminClient,
-               commands: list[support.Command]) -> dict[str, list[support.Received]]:
+               commands: list[ledger.Command]) -> dict[str, list[support.Received]]:
     topics = sorted({f"{relay.namespace}exec.{c.connector}.v1" for c in commands})
     support.wait_for_topics(kafka_admin, topics)
     wanted = {c.key for c in commands}
@@ -59,14 +59,14 @@ def _published(relay: support.Relay, kafka_admin: AdminClient,
 
 
 def _assert_all_published_and_swept(relay: support.Relay, kafka_admin: AdminClient,
-                                     commands: list[support.Command]) -> None:
+                                     commands: list[ledger.Command]) -> None:
     by_key = _published(relay, kafka_admin, commands)
     missing = [c.key for c in commands if c.key not in by_key]
     assert not missing, (f"{len(missing)} of {len(commands)} pre-slot rows never published",
                          relay.log_text()[-3000:])
     for c in commands:
         assert {r.header("id") for r in by_key[c.key]} == {str(c.event_id)}
-    assert wait_until(lambda: support.outbox_count(relay.database_url) == 0, timeout=30), (
+    assert wait_until(lambda: ledger.outbox_count(relay.database_url) == 0, timeout=30), (
         relay.log_text()[-3000:])
 
 
@@ -80,7 +80,7 @@ def test_rows_before_a_slot_another_session_created_are_published(
          relay.slot)
     proc = relay.start(**QUICK)
     _assert_all_published_and_swept(relay, kafka_admin, commands)
-    assert f"event=relay.backstop reason=stale rows={ROWS}" in relay.log_text()
+    assert f"event=relay.backstop reason=stale rows={OUTBOX_ROWS}" in relay.log_text()
     assert relay.terminate(proc) == 0
 
 
@@ -92,7 +92,7 @@ def test_a_relay_killed_right_after_creating_its_slot_loses_nothing(
     assert first.wait(timeout=60) == -9, relay.log_text()[-3000:]
     assert _sql(relay.database_url, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s",
                 relay.slot), "the fault point fires after the slot exists"
-    assert support.outbox_count(relay.database_url) == ROWS
+    assert ledger.outbox_count(relay.database_url) == OUTBOX_ROWS
     proc = relay.start(**QUICK)
     _assert_all_published_and_swept(relay, kafka_admin, commands)
     assert relay.terminate(proc) == 0
@@ -113,7 +113,7 @@ def test_a_row_the_slot_moved_past_is_published_from_the_outbox(
          relay.slot)
     proc = relay.start(**QUICK)
     _assert_all_published_and_swept(relay, kafka_admin, commands)
-    assert f"event=relay.backstop reason=stale rows={ROWS}" in relay.log_text()
+    assert f"event=relay.backstop reason=stale rows={OUTBOX_ROWS}" in relay.log_text()
     assert relay.terminate(proc) == 0
 
 
@@ -127,7 +127,7 @@ def test_a_healthy_relay_publishes_each_row_once_with_the_backstop_scanning(
         relay.database_url, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active",
         relay.slot)), timeout=60), relay.log_text()[-3000:]
     commands = [c for _ in range(20) for c in _admit(relay.database_url, 10)]
-    assert wait_until(lambda: support.outbox_count(relay.database_url) == 0, timeout=30)
+    assert wait_until(lambda: ledger.outbox_count(relay.database_url) == 0, timeout=30)
     by_key = _published(relay, kafka_admin, commands)
     assert relay.terminate(proc) == 0
     log = relay.log_text()

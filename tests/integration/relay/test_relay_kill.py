@@ -12,7 +12,8 @@ import psycopg2
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from tests.helpers import wait_until
+from agentledger.testing import ledger
+from agentledger.testing.polling import wait_until
 from tests.integration.relay import support
 
 KILLS = 10
@@ -25,19 +26,19 @@ class Admitter(threading.Thread):
         super().__init__(name="admitter", daemon=True)
         self.url = url
         self.stop = threading.Event()
-        self.committed: list[support.Command] = []
+        self.committed: list[ledger.Command] = []
         self.error: BaseException | None = None
 
     def run(self) -> None:
         tenants = [uuid.uuid4() for _ in range(8)]
-        conn = psycopg2.connect(self.url)
+        writer = ledger.Ledger(self.url)
         try:
             seq = 0
             while not self.stop.is_set():
-                command = support.new_command(random.choice(tenants), support.CONNECTORS[seq % 3])
-                with conn, conn.cursor() as cur:
-                    support.admit(cur, command)
-                    support.add_event(cur, command.tenant, "audit", seq)
+                tenant = random.choice(tenants)
+                with writer.transaction():
+                    command = writer.admit(ledger.new_command(tenant, ledger.CONNECTORS[seq % 3]))
+                    writer.add_event(tenant, "audit", seq)
                 self.committed.append(command)  # only after COMMIT returned
                 seq += 1
                 # ~200 commands/s: steady load, and each kill lands mid-stream.
@@ -45,7 +46,7 @@ class Admitter(threading.Thread):
         except BaseException as exc:
             self.error = exc
         finally:
-            conn.close()
+            writer.close()
 
 
 def _after_commits(admitter: Admitter, count: int) -> None:
@@ -91,20 +92,21 @@ def test_sigkilled_relay_publishes_every_row_at_least_once(
     assert len(commands) > 500
 
     ns = relay.namespace
-    exec_topics = [f"{ns}exec.{c}.v1" for c in support.CONNECTORS]
+    exec_topics = [f"{ns}exec.{c}.v1" for c in ledger.CONNECTORS]
     audit_topic = f"{ns}audit.events.v1"
     support.wait_for_topics(kafka_admin, [*exec_topics, audit_topic])
     expected = {c.key for c in commands}
-    assert wait_until(lambda: support.outbox_count(relay.database_url) == 0, timeout=60), (
+    assert wait_until(lambda: ledger.outbox_count(relay.database_url) == 0, timeout=60), (
         relay.log_text()[-3000:]
     )
     records = support.read_topics(
         relay.bootstrap, [*exec_topics, audit_topic],
         # Distinct event ids, not records: the kills republish, and duplicates counted as
         # records ended the read before every partition's last events were in (CI, 1952 of
-        # 1959 read with the outbox already drained).
+        # 1959 read with the outbox already drained). Two audit events per command:
+        # admission's command.admitted and the admitter's own.
         lambda got: expected <= {r.key for r in got}
-        and len({r.header("id") for r in got if r.topic == audit_topic}) >= len(commands),
+        and len({r.header("id") for r in got if r.topic == audit_topic}) >= 2 * len(commands),
         timeout=60,
     )
     exec_records = [r for r in records if r.topic in exec_topics]
@@ -112,7 +114,7 @@ def test_sigkilled_relay_publishes_every_row_at_least_once(
 
     # Every committed command was published at least once...
     assert expected <= {r.key for r in exec_records}
-    assert len({r.header("id") for r in audit_records}) == len(commands)
+    assert len({r.header("id") for r in audit_records}) == 2 * len(commands)
     # ...and every duplicate is the same event: one id per key, same payload.
     ids_per_key: dict[str, set[str]] = defaultdict(set)
     values_per_id: dict[str, set[bytes]] = defaultdict(set)
@@ -127,8 +129,8 @@ def test_sigkilled_relay_publishes_every_row_at_least_once(
 
     copies = Counter(r.header("id") for r in exec_records + audit_records)
     duplicates = sum(n - 1 for n in copies.values())
-    record_property("rows_published", 2 * len(commands))
+    record_property("rows_published", 3 * len(commands))
     record_property("duplicates", duplicates)
-    print(f"\nrelay kill test: {2 * len(commands)} rows, {KILLS} SIGKILLs, "
+    print(f"\nrelay kill test: {3 * len(commands)} rows, {KILLS} SIGKILLs, "
           f"{duplicates} duplicate records ({len([n for n in copies.values() if n > 1])} ids)")
     assert relay.terminate(proc) == 0

@@ -6,12 +6,12 @@ import threading
 import uuid
 from typing import Any
 
-import psycopg2
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from agentledger.relay import metrics, options, stream
-from tests.helpers import wait_until
+from agentledger.testing import ledger
+from agentledger.testing.polling import wait_until
 from tests.integration.relay import support
 
 
@@ -40,18 +40,21 @@ def test_lag_histogram_has_bounded_labels_and_wal_gauge_is_reported(
     thread.start()
     try:
         assert wait_until(lambda: running.sessions_started == 1, timeout=30)
-        conn = psycopg2.connect(relay.database_url)
-        with conn, conn.cursor() as cur:
-            tenant = uuid.uuid4()
-            for i in range(20):
-                support.admit(cur, support.new_command(tenant, support.CONNECTORS[i % 3]))
-            support.add_event(cur, tenant, "audit", 0)
-        conn.close()
-        assert wait_until(lambda: support.outbox_count(relay.database_url) == 0, timeout=30)
+        writer = ledger.Ledger(relay.database_url)
+        try:
+            with writer.transaction():
+                tenant = uuid.uuid4()
+                for i in range(20):
+                    writer.admit(ledger.new_command(tenant, ledger.CONNECTORS[i % 3]))
+                writer.add_event(tenant, "audit", 0)
+        finally:
+            writer.close()
+        assert wait_until(lambda: ledger.outbox_count(relay.database_url) == 0, timeout=30)
 
         lag = {tuple(sorted(p.attributes.items())): p for p in _points(reader, metrics.LAG)}
         assert lag[(("topic.family", "exec"),)].count == 20
-        assert lag[(("topic.family", "audit"),)].count == 1
+        # Admission's command.admitted event per command, and ours.
+        assert lag[(("topic.family", "audit"),)].count == 21
         assert 0 <= lag[(("topic.family", "exec"),)].max < 30_000  # milliseconds
         assert wait_until(lambda: bool(_points(reader, metrics.RETAINED_WAL)), timeout=10)
         wal = _points(reader, metrics.RETAINED_WAL)[0]

@@ -6,10 +6,10 @@ import json
 import uuid
 from collections import defaultdict
 
-import psycopg2
 from confluent_kafka.admin import AdminClient
 
-from tests.helpers import wait_until
+from agentledger.testing import ledger
+from agentledger.testing.polling import wait_until
 from tests.integration.relay import support
 
 COMMANDS = 1000
@@ -21,36 +21,38 @@ def test_1000_commands_reach_exec_topics_in_commit_order_per_key(
     relay: support.Relay, kafka_admin: AdminClient
 ) -> None:
     tenants = [uuid.uuid4() for _ in range(TENANTS)]
-    commands: list[support.Command] = []
+    commands: list[ledger.Command] = []
     audit_ids: dict[uuid.UUID, list[str]] = defaultdict(list)  # tenant -> ids in commit order
-    conn = psycopg2.connect(relay.database_url)
+    writer = ledger.Ledger(relay.database_url)
     proc = None
     try:
         for start in range(0, COMMANDS, PER_TRANSACTION):
             if start == 5 * PER_TRANSACTION:
                 # The first rows predate the slot: the relay's initial snapshot publishes them.
                 proc = relay.start()
-            with conn, conn.cursor() as cur:  # one transaction per batch
+            with writer.transaction():  # one transaction per batch
                 for i in range(start, start + PER_TRANSACTION):
                     tenant = tenants[i % TENANTS]
-                    command = support.new_command(
-                        tenant, support.CONNECTORS[i % 3], tracestate="al=1" if i % 2 else None
-                    )
-                    support.admit(cur, command)
+                    command = writer.admit(ledger.new_command(
+                        tenant, ledger.CONNECTORS[i % 3], tracestate="al=1" if i % 2 else None
+                    ))
                     commands.append(command)
                     # Several events per key (tenant), across commits: per-key order check.
-                    event_id = support.add_event(cur, tenant, "audit", seq=i)
+                    # Admission audits each command first (command.admitted), then ours.
+                    audit_ids[tenant].append(str(command.audit_id))
+                    event_id = writer.add_event(tenant, "audit", seq=i)
                     audit_ids[tenant].append(str(event_id))
                 if start % 100 == 0:
-                    support.add_event(cur, tenants[0], "outcome", seq=start)
+                    writer.add_event(tenants[0], "outcome", seq=start)
     finally:
-        conn.close()
+        writer.close()
 
     ns = relay.namespace
-    exec_topics = [f"{ns}exec.{c}.v1" for c in support.CONNECTORS]
+    exec_topics = [f"{ns}exec.{c}.v1" for c in ledger.CONNECTORS]
     audit_topic, outcome_topic = f"{ns}audit.events.v1", f"{ns}agent.outcomes.v1"
     support.wait_for_topics(kafka_admin, [*exec_topics, audit_topic, outcome_topic])
-    wanted = 2 * COMMANDS + COMMANDS // 100
+    # Per command: its exec record, admission's audit event and ours; plus the outcomes.
+    wanted = 3 * COMMANDS + COMMANDS // 100
     received = support.read_topics(
         relay.bootstrap, [*exec_topics, audit_topic, outcome_topic],
         lambda got: len(_first_copies(got)) >= wanted, timeout=90,
@@ -96,7 +98,7 @@ def test_1000_commands_reach_exec_topics_in_commit_order_per_key(
     assert [json.loads(r.value)["seq"] for r in outcomes] == list(range(0, COMMANDS, 100))
 
     # Published rows are swept, then the relay stops cleanly on SIGTERM.
-    assert wait_until(lambda: support.outbox_count(relay.database_url) == 0, timeout=30)
+    assert wait_until(lambda: ledger.outbox_count(relay.database_url) == 0, timeout=30)
     assert proc is not None and relay.terminate(proc) == 0
 
 

@@ -22,8 +22,8 @@ import asyncpg
 from confluent_kafka.admin import AdminClient
 
 from agentledger.ledger import dispatch
-from tests import kafka_read
-from tests.helpers import wait_until
+from agentledger.testing import kafka_read, ledger
+from agentledger.testing.polling import wait_until
 from tests.integration.relay import support
 from tests.private_stack import PrivateStack
 
@@ -100,9 +100,9 @@ def _under_load(stack: PrivateStack, log_dir: Path, disturb: Callable[[support.R
         admitter.join(timeout=30)
 
         expected = admitter.admitted_keys()
-        drained = wait_until(lambda: support.outbox_count(stack.database_url) == 0, timeout=90)
+        drained = wait_until(lambda: ledger.outbox_count(stack.database_url) == 0, timeout=90)
         assert drained, _stacks(relay, proc)
-        topics = [f"{relay.namespace}exec.{c}.v1" for c in support.CONNECTORS]
+        topics = [f"{relay.namespace}exec.{c}.v1" for c in ledger.CONNECTORS]
         # Every partition from its first offset to its end; any consumer error fails.
         records = kafka_read.read_to_end(stack.bootstrap, topics)
         missing = expected - {(r.key() or b"").decode() for r in records}
@@ -132,10 +132,10 @@ def _under_load(stack: PrivateStack, log_dir: Path, disturb: Callable[[support.R
     finally:
         admitter.stop.set()
         relay.kill_all()
-        support.drop_slot(stack.database_url, relay.slot)
+        ledger.drop_slot(stack.database_url, relay.slot)
         # Created only now: an admin client alive during the restart would log refusals.
         admin = AdminClient({"bootstrap.servers": stack.bootstrap})
-        support.delete_namespace_topics(admin, relay.namespace)
+        ledger.delete_namespace_topics(admin, relay.namespace)
 
 
 def _restart(stack: PrivateStack, service: str) -> Callable[[support.Relay], None]:

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import threading
 import uuid
-from typing import Any
 
 import psycopg2
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from agentledger.testing import ledger
+from agentledger.testing.polling import wait_until
 from tests import syncrep
-from tests.helpers import wait_until
 from tests.integration.relay import support
 
 
@@ -36,17 +36,15 @@ def test_a_commit_parked_for_a_synchronous_standby_is_published_and_swept_only_o
     relay.start()
     assert wait_until(lambda: "event=relay.streaming" in relay.log_text(), timeout=60), relay.log_text()[-2000:]
     tenant = uuid.uuid4()
-    command = support.new_command(tenant, "crm")
     topic = f"{relay.namespace}exec.crm.v1"
-    parked: Any = psycopg2.connect(relay.database_url)
+    parked = ledger.Ledger(relay.database_url)
     try:
         with syncrep.ghost_standby(relay.database_url):
-            with parked.cursor() as cur:
-                cur.execute("SET synchronous_commit = on")
-                support.admit(cur, command)
-                cur.execute("SELECT pg_current_xact_id()::text::bigint & 4294967295")
-                xid = (cur.fetchone() or (0,))[0]
-            pid = parked.get_backend_pid()
+            parked.begin()
+            parked.execute("SET LOCAL synchronous_commit = on")
+            command = parked.admit(ledger.new_command(tenant, "crm"))
+            xid = parked.fetchval("SELECT pg_current_xact_id()::text::bigint & 4294967295")
+            pid = parked.pid
             committing = threading.Thread(target=parked.commit, daemon=True)  # parks in SyncRep
             committing.start()
             # Positive markers: the commit waits for the standby, and the relay has the
@@ -64,7 +62,7 @@ def test_a_commit_parked_for_a_synchronous_standby_is_published_and_swept_only_o
                                       or _published(relay.bootstrap, topic) > 0, timeout=60), \
                         relay.log_text()[-3000:]
                     assert _published(relay.bootstrap, topic) == 0, "published while invisible to other sessions"
-                    assert support.outbox_count(relay.database_url) == 0  # (other sessions see no row)
+                    assert ledger.outbox_count(relay.database_url) == 0  # (other sessions see no row)
                     # The wait is cancelled: the commit completes locally and becomes visible.
                     cur.execute("SELECT pg_cancel_backend(%s)", (pid,))
             finally:
@@ -79,6 +77,6 @@ def test_a_commit_parked_for_a_synchronous_standby_is_published_and_swept_only_o
     assert received[0].header("xid") == str(xid)  # where it came from, for consumers
     assert received[0].header("commit_lsn")
     # Published once visible, then swept: the row does not outlive its publication.
-    assert wait_until(lambda: support.outbox_count(relay.database_url) == 0, timeout=30), \
+    assert wait_until(lambda: ledger.outbox_count(relay.database_url) == 0, timeout=30), \
         relay.log_text()[-3000:]
     assert "event=relay.visible" in relay.log_text()

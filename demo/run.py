@@ -7,15 +7,18 @@ import json
 import os
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import asyncpg
-import click
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from agentledger.demo import launch, scenarios, stack, stories_adoption
+from agentledger import db, errors
+from agentledger.audit import explain as audit_explain
+from agentledger.cli import explain as cli_explain
+from demo import launch, scenarios, stack, stories_adoption
 
 INTRO = (
     "A model may only PROPOSE an action. Ingress signs who asked, admission checks the "
@@ -48,16 +51,26 @@ def _explain(world: launch.World, console: Console) -> None:
 
 
 def _explain_one(world: launch.World, console: Console, title: str, op: str | None) -> None:
-    from agentledger import cli  # the operator's command, as typed in a shell
-
     if op is None:
         return
     console.print(f"[bold]{title}[/bold]  $ agentledger explain {op} --tenant {world.tenant}",
                   highlight=False)
     try:
-        cli.explain_cmd(uuid.UUID(op), tenant=world.tenant)
-    except click.exceptions.Exit:
-        pass  # the command printed why
+        found = asyncio.run(_explanation(world, op))
+    except errors.AgentLedgerError as exc:
+        console.print(f"[red]{exc.code}[/red]: {escape(exc.message)}", highlight=False)
+        return
+    cli_explain.render(found, console)
+
+
+async def _explanation(world: launch.World, op: str) -> audit_explain.Explanation:
+    """What ``agentledger explain`` answers, read the same way: as the auditor."""
+    conn = await asyncpg.connect(world.database_url)
+    try:
+        await conn.execute(db.set_role_sql("agentledger_auditor"))
+        return await audit_explain.explain(conn, world.tenant, uuid.UUID(op))
+    finally:
+        await conn.close()
 
 
 async def _audit(world: launch.World, op: str) -> list[dict[str, Any]]:
@@ -100,9 +113,11 @@ async def _play(world: launch.World, console: Console, browser_hints: bool) -> N
     await stories_adoption.play(world, console)
 
 
-def main(opts: launch.Options, *, browser_hints: bool = True, console: Console | None = None
+def main(*, browser_hints: bool = True, database: str = "agentledger_demo",
+         namespace: str = "demo", home: Path = stack.HOME, console: Console | None = None
          ) -> None:
     """Run the demo; exits non-zero with the fix to try when a step fails."""
+    opts = launch.Options(home=home, database=database, prefix=namespace)
     out = console or Console()
     started = time.monotonic()
     out.rule("[bold]agentledger demo")
@@ -116,7 +131,7 @@ def main(opts: launch.Options, *, browser_hints: bool = True, console: Console |
             world = launch.launch(opts, step)
         out.print(f"  [dim]· everything up in {time.monotonic() - started:.0f} s[/dim]",
                   highlight=False)
-        # The operator commands (reconcile, explain) run in this process, on the demo ledger,
+        # The operator's steps (reconcile, explain) run in this process, on the demo ledger,
         # verifying sessions with the demo identity provider's keys.
         os.environ["AGENTLEDGER_DATABASE_URL"] = world.database_url
         os.environ.update(world.operator_env)
@@ -127,7 +142,7 @@ def main(opts: launch.Options, *, browser_hints: bool = True, console: Console |
         if exc.fix:
             out.print(f"[yellow]try[/yellow]: {escape(exc.fix)}", highlight=False)
         raise typer.Exit(1) from exc
-    except (TimeoutError, RuntimeError, AssertionError) as exc:
+    except (TimeoutError, RuntimeError, AssertionError, errors.AgentLedgerError) as exc:
         out.print(f"[red]demo failed[/red]: {escape(str(exc) or type(exc).__name__)}",
                   highlight=False)
         out.print(f"[yellow]try[/yellow]: read the service logs in {opts.home}/logs; "

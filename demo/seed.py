@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import httpx
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from agentledger import identity
 from agentledger.policy import repository as policy_repo
+from agentledger.testing.crm import Crm
 
 SESSION_KID = "demo-idp"
 SESSION_ISSUER = "agentledger-demo-idp"
@@ -102,43 +102,7 @@ class Tenant:
     tokens: dict[str, str] = field(default_factory=dict)     # scope → CRM token
 
 
-class CrmAdmin:
-    """The CRM stand-in's admin API (``services/crm``): seeding, effect log, faults."""
-
-    def __init__(self, url: str, admin_token: str) -> None:
-        self.url, self._token = url, admin_token
-
-    def _client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.url, timeout=10,
-                                 headers={"Authorization": f"Bearer {self._token}"})
-
-    async def customer(self, tenant: uuid.UUID, customer_id: str, **contact: str) -> None:
-        async with self._client() as c:
-            r = await c.put(f"/admin/tenants/{tenant}/customers/{customer_id}", json=contact)
-        r.raise_for_status()
-
-    async def token(self, tenant: uuid.UUID, *scopes: str) -> str:
-        async with self._client() as c:
-            r = await c.post(f"/admin/tenants/{tenant}/tokens",
-                             json={"scopes": list(scopes), "label": "demo"})
-        r.raise_for_status()
-        return str(r.json()["token"])
-
-    async def effects(self, tenant: uuid.UUID) -> list[dict[str, Any]]:
-        async with self._client() as c:
-            r = await c.get("/admin/effects", params={"tenant": str(tenant)})
-        r.raise_for_status()
-        return list(r.json()["effects"])
-
-    async def arm(self, method: str, path_prefix: str, action: str, times: int = 1) -> None:
-        async with self._client() as c:
-            r = await c.post("/admin/faults", json={
-                "match": {"method": method, "path_prefix": path_prefix},
-                "action": action, "times": times})
-        r.raise_for_status()
-
-
-async def seed_crm(crm: CrmAdmin) -> tuple[Tenant, Tenant]:
+async def seed_crm(crm: Crm) -> tuple[Tenant, Tenant]:
     """Tenant Acme (the demo's) and Globex (another company on the same CRM)."""
     acme = Tenant(uuid.uuid4(), "Acme")
     globex = Tenant(uuid.uuid4(), "Globex")
@@ -171,7 +135,7 @@ async def seed_principals(database_url: str, tenants: Sequence[Tenant]) -> None:
         await conn.close()
 
 
-def seed(crm: CrmAdmin, database_url: str) -> tuple[Tenant, Tenant]:
+def seed(crm: Crm, database_url: str) -> tuple[Tenant, Tenant]:
     """Seed the CRM and the principal directory; returns (Acme, Globex)."""
     acme, globex = asyncio.run(seed_crm(crm))
     asyncio.run(seed_principals(database_url, (acme, globex)))

@@ -21,7 +21,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from agentledger import cli_approvals, errors, identity, operators, settings
+from agentledger import errors, identity, operators, settings
+from agentledger.cli import approvals as cli_approvals
 from agentledger.ledger import repository as ledger
 from agentledger.policy import principals
 

@@ -1,7 +1,7 @@
 """The adoption stories: your own connector (e-mail, from a distribution outside the library)
 and an MCP client, on the same running demo.
 
-As in :mod:`agentledger.demo.scenarios`, every fact printed is read after the step from the
+As in :mod:`demo.scenarios`, every fact printed is read after the step from the
 LEDGER, the CRM's effect log, Mailpit's API or the SMTP fault proxy, never taken from what a
 client was told. Operation ids land in ``World.operations`` for the test to check.
 """
@@ -23,9 +23,10 @@ from rich.markup import escape
 
 from agentledger import client as gateway
 from agentledger.connectors import conformance, plugins
-from agentledger.demo.launch import EMAIL_DOMAINS, HTTP_ACTION, World, http_declaration
-from agentledger.demo.scenarios import OUTCOME_TIMEOUT_S, Story
 from agentledger.mcp import idempotency
+from demo.adoption import EMAIL_DOMAINS, HTTP_ACTION, http_declaration
+from demo.launch import World
+from demo.scenarios import OUTCOME_TIMEOUT_S, Story
 
 # What ends a command; the lost e-mail passes through `unknown` on its way to one of these.
 FINAL = ("succeeded", "failed", "denied", "expired", "review_required")

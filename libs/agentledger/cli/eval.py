@@ -1,6 +1,6 @@
 """``agentledger eval``: compare planner candidates on the fixed eval set (R9.1-R9.3).
 
-Mounted by the main CLI with ``app.command("eval")(cli_eval.eval_command)``. Exit codes: 0 the
+Mounted by the main CLI with ``app.command("eval")(eval.eval_command)``. Exit codes: 0 the
 table was printed; 2 bad usage or a dataset that does not match its manifest; 3 the eval
 refused a scope widening (a modified allowlist or policy, or a candidate that would pass
 only with one).
@@ -120,9 +120,6 @@ def render(evalset: dataset.EvalSet, runs: list[runner.CandidateRun], allowlist_
     console.print(table)
 
 
-# Standalone until mounted: ``python -m agentledger.cli_eval --planner rules``.
+# The command on its own (its tests invoke it so); the front door mounts ``eval_command``.
 app = typer.Typer(add_completion=False)
 app.command("eval")(eval_command)
-
-if __name__ == "__main__":
-    app(prog_name="agentledger eval")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import secrets
 import shutil
@@ -21,22 +20,16 @@ from typing import Any
 from agentledger import logins, migrations, settings
 from agentledger.connectors import plugins
 from agentledger.contracts import topics
-from agentledger.demo import seed, stack
 from agentledger.kafka import topics as kafka_topics
+from agentledger.testing import processes
+from agentledger.testing.crm import Crm
+from demo import adoption, seed, stack
 
 # Small on purpose: the budget scenario runs five steps of one request against three calls.
 BUDGET_TOOL_CALLS = 3
 # One partition per topic family is plenty for a demo and starts faster on 2 cores; 2 on the
 # exec topics keeps two claims of one connector able to run side by side.
 PARTITIONS = "2"
-# Mailpit, the real SMTP server the e-mail connector sends to: built by
-# deploy/local/mailpit.sh install (make bootstrap), or wherever AGENTLEDGER_MAILPIT_BIN says.
-MAILPIT_BIN = settings.REPO_ROOT / ".local" / "bin" / "mailpit"
-# Where the e-mail connector's resolver lets mail go (every seeded customer is @example.com).
-EMAIL_DOMAINS = ["example.com"]
-EMAIL_SENDER = "assistant@acme.example"
-# The CRM stand-in's note API declared for agentledger-http (its shipped example).
-HTTP_ACTION = "crmhttp.note.create"
 # How long one MCP tool call waits for its outcome (AGENTLEDGER_MCP_WAIT_S): a note takes a
 # second or two; a call answered `in_progress` would make the story wait for nothing.
 MCP_WAIT_S = "20"
@@ -85,8 +78,9 @@ class World:
     def tenant(self) -> uuid.UUID:
         return uuid.UUID(self.acme["tenant_id"])
 
-    def crm(self) -> seed.CrmAdmin:
-        return seed.CrmAdmin(self.crm_url, self.crm_admin_token)
+    def crm(self) -> Crm:
+        return Crm(self.crm_url, self.crm_database_url,
+                       Path(self.home) / "logs" / "crm.log", self.crm_admin_token)
 
     def save(self) -> None:
         path = Path(self.home) / "state.json"
@@ -140,65 +134,13 @@ def prepare(opts: Options, step: Step) -> tuple[str, str, str]:
     return ledger_url, crm_url, f"{opts.prefix}.{secrets.token_hex(3)}."
 
 
-def mailpit_binary() -> Path:
-    found = Path(os.environ.get("AGENTLEDGER_MAILPIT_BIN") or MAILPIT_BIN)
-    if not found.is_file():
-        raise stack.DemoError(f"Mailpit is missing ({found}): the e-mail story sends to it",
-                              "make bootstrap (or: bash deploy/local/mailpit.sh install; "
-                              "it needs Go)")
-    return found
-
-
-def operator_config(where: Path) -> dict[str, str]:
-    """The operator's configuration for the e-mail connector: the packaged allowlist and
-    policies plus what the agentledger-email distribution ships (its allowlist entry and
-    ``30_email.cedar``), as AGENTLEDGER_ALLOWLIST and AGENTLEDGER_POLICY_DIR."""
-    from importlib import resources
-
-    from agentledger.policy import allowlist, cedar
-
-    if "email" not in plugins.installed() or "email" not in plugins.installed(
-            plugins.RESOLVERS):
-        raise stack.DemoError("the e-mail connector (entry point 'email') is not installed",
-                              "make bootstrap installs libs/agentledger-email into .venv")
-    package = resources.files("agentledger_email")
-    rules = json.loads(allowlist.DEFAULT_PATH.read_text())
-    rules["actions"] += json.loads(package.joinpath("allowlist.json").read_text())["actions"]
-    where.mkdir(parents=True, exist_ok=True)
-    (where / "allowlist.json").write_text(json.dumps(rules, indent=2))
-    shutil.rmtree(where / "policies", ignore_errors=True)
-    shutil.copytree(cedar.DEFAULT_DIR, where / "policies")
-    (where / "policies" / "30_email.cedar").write_text(
-        package.joinpath("policies", "30_email.cedar").read_text())
-    # The declarative HTTP connector's action: the CRM's note API, declared (no code).
-    note = next(a for a in rules["actions"] if a["name"] == "crm.note.create")
-    rules["actions"].append({**note, "name": HTTP_ACTION, "connector": "crmhttp",
-                             "description": "A note, through the declared REST API."})
-    (where / "allowlist.json").write_text(json.dumps(rules, indent=2))
-    return {"AGENTLEDGER_ALLOWLIST": str(where / "allowlist.json"),
-            "AGENTLEDGER_POLICY_DIR": str(where / "policies")}
-
-
-def http_declaration(crm_url: str) -> dict[str, Any]:
-    """The CRM's note API declared for agentledger-http: the example declaration the
-    distribution ships, read as an operator would copy it (configuration; no import)."""
-    from importlib import resources
-
-    if "http" not in plugins.installed():
-        raise stack.DemoError("the declarative HTTP connector is not installed",
-                              "make bootstrap installs libs/agentledger-http into .venv")
-    text = resources.files("agentledger_http").joinpath("examples", "crm_notes.json").read_text()
-    found: dict[str, Any] = json.loads(text.replace("{crm_url}", crm_url))
-    return found
-
-
 def _free_ports(preferred: dict[str, int | None]) -> dict[str, int]:
     """A distinct free port per name (its preferred one when nothing listens there)."""
     ports: dict[str, int] = {}
     for name, want in preferred.items():
-        port = stack.free_port(want)
+        port = processes.free_port(want)
         while port in ports.values():
-            port = stack.free_port()
+            port = processes.free_port()
         ports[name] = port
     return ports
 
@@ -221,18 +163,18 @@ def launch(opts: Options, step: Step) -> World:
                          "mailpit": 8025, "mailpit-smtp": 1025, "smtp-fault": None,
                          "smtp-control": None, "mcp": 8060})
     url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-    mailpit = mailpit_binary()
+    mailpit = adoption.mailpit_binary()
     # The e-mail connector as an operator adds it: found by its entry point, configured in
     # AGENTLEDGER_CONNECTORS beside the CRM and billing, its allowlist entry and policy added
     # to the packaged ones. Every service reads the same configuration.
     email = {"smtp_host": "127.0.0.1", "smtp_port": ports["smtp-fault"],
-             "sender": EMAIL_SENDER, "lookup_url": url["mailpit"],
-             "recipient_domains": EMAIL_DOMAINS}
+             "sender": adoption.EMAIL_SENDER, "lookup_url": url["mailpit"],
+             "recipient_domains": adoption.EMAIL_DOMAINS}
     base = {"AGENTLEDGER_KAFKA_BOOTSTRAP": bootstrap, "AGENTLEDGER_MASTER_KEY": keys.master_key_b64,
-            "AGENTLEDGER_CONNECTORS": json.dumps({**plugins.defaults(url["crm"]),
-                                                  "email": email,
-                                                  "crmhttp": http_declaration(url["crm"])}),
-            **operator_config(opts.home / "config")}
+            "AGENTLEDGER_CONNECTORS": json.dumps({
+                **plugins.defaults(url["crm"]), "email": email,
+                "crmhttp": adoption.http_declaration(url["crm"])}),
+            **adoption.operator_config(opts.home / "config")}
     # Every service logs in as its own role, as in production — never as the ledger's owner,
     # whose SET ROLE a RESET ROLE would undo (issue 17). Ingress' login may only ask which
     # request hash an operation holds (its synchronous 409, migration 0021).
@@ -243,29 +185,30 @@ def launch(opts: Options, step: Step) -> World:
     shutil.rmtree(opts.home / "mailpit", ignore_errors=True)  # the previous run's messages
     (opts.home / "mailpit").mkdir(parents=True)
     first = [
-        stack.start(opts.home, "crm", "agentledger.services.crm", {
+        processes.start(opts.home, "crm", "agentledger.services.crm", {
             "AGENTLEDGER_CRM_DATABASE_URL": crm_db, "AGENTLEDGER_CRM_PORT": str(ports["crm"]),
             "AGENTLEDGER_CRM_ADMIN_TOKEN": admin_token,
             "AGENTLEDGER_CRM_FAULTS_ENABLED": "true"}),
-        stack.start(opts.home, "model", "agentledger.demo.fake_model",
-                    {"AGENTLEDGER_DEMO_MODEL_PORT": str(ports["model"])}),
-        stack.start_command(opts.home, "mailpit", [
+        processes.start(opts.home, "model", "agentledger.testing.fake_model",
+                    {"FAKE_MODEL_PORT": str(ports["model"])}),
+        processes.start_command(opts.home, "mailpit", [
             str(mailpit), "--smtp", f"127.0.0.1:{ports['mailpit-smtp']}",
             "--listen", f"127.0.0.1:{ports['mailpit']}",
             "--database", str(opts.home / "mailpit" / "mailpit.db"),
             "--disable-version-check", "--smtp-disable-rdns"], str(mailpit)),
         # The e-mail executor's SMTP path to Mailpit: it can lose one accepted answer.
-        stack.start(opts.home, "smtp-fault", "agentledger.demo.smtp_fault", {
+        processes.start(opts.home, "smtp-fault", "agentledger.testing.smtp_fault", {
             "AGENTLEDGER_DEMO_SMTP_PORT": str(ports["smtp-fault"]),
             "AGENTLEDGER_DEMO_SMTP_UPSTREAM_PORT": str(ports["mailpit-smtp"]),
             "AGENTLEDGER_DEMO_SMTP_CONTROL_PORT": str(ports["smtp-control"])}),
     ]
-    stack.wait_ready(first, {"crm": stack.http_ok(f"{url['crm']}/readyz"),
-                             "model": stack.http_ok(f"{url['model']}/healthz"),
-                             "mailpit": stack.http_ok(f"{url['mailpit']}/api/v1/messages"),
-                             "smtp-fault": stack.http_ok(f"{url['smtp-control']}/healthz")})
+    processes.wait_ready(first, {"crm": processes.http_ok(f"{url['crm']}/readyz"),
+                             "model": processes.http_ok(f"{url['model']}/healthz"),
+                             "mailpit": processes.http_ok(f"{url['mailpit']}/api/v1/messages"),
+                             "smtp-fault": processes.http_ok(f"{url['smtp-control']}/healthz")})
     step("seeding tenants Acme and Globex, CRM tokens and principals")
-    acme, globex = seed.seed(seed.CrmAdmin(url["crm"], admin_token), ledger_url)
+    crm_admin = Crm(url["crm"], crm_db, opts.home / "logs" / "crm.log", admin_token)
+    acme, globex = seed.seed(crm_admin, ledger_url)
     read_tokens = json.dumps({str(t.tenant_id): t.tokens["read"] for t in (acme, globex)})
     # Outcome and audit topics exist before anyone waits on them (the relay creates them
     # lazily, and a reader that starts first would not see them).
@@ -367,28 +310,28 @@ def launch(opts: Options, step: Step) -> World:
         "AGENTLEDGER_EXECUTOR_PARTITIONS": PARTITIONS,
         "AGENTLEDGER_EXECUTOR_WRITE_TOKENS": json.dumps({"email": email_tokens})}
     probes = {
-        "relay": stack.slot_active(ledger_url, slot),
-        "admission": stack.group_has_members(bootstrap, group["admission"]),
-        "executor-crm": stack.group_has_members(bootstrap, group["executor-crm"]),
-        "executor-billing": stack.group_has_members(bootstrap, group["executor-billing"]),
-        "executor-email": stack.group_has_members(bootstrap, group["executor-email"]),
-        "executor-crmhttp": stack.group_has_members(bootstrap, group["executor-crmhttp"]),
-        "reconciler": stack.log_contains(opts.home / "logs" / "reconciler.log",
+        "relay": processes.slot_active(ledger_url, slot),
+        "admission": processes.group_has_members(bootstrap, group["admission"]),
+        "executor-crm": processes.group_has_members(bootstrap, group["executor-crm"]),
+        "executor-billing": processes.group_has_members(bootstrap, group["executor-billing"]),
+        "executor-email": processes.group_has_members(bootstrap, group["executor-email"]),
+        "executor-crmhttp": processes.group_has_members(bootstrap, group["executor-crmhttp"]),
+        "reconciler": processes.log_contains(opts.home / "logs" / "reconciler.log",
                                          "event=reconciler_started"),
-        "planner": stack.group_has_members(bootstrap, group["planner"]),
-        "ingress": stack.http_ok(f"{url['ingress']}/readyz"),
-        "console": stack.http_ok(f"{url['console']}/readyz"),
-        "mcp": stack.http_ok(f"{url['mcp']}/healthz"),
+        "planner": processes.group_has_members(bootstrap, group["planner"]),
+        "ingress": processes.http_ok(f"{url['ingress']}/readyz"),
+        "console": processes.http_ok(f"{url['console']}/readyz"),
+        "mcp": processes.http_ok(f"{url['mcp']}/healthz"),
     }
     step(f"starting {len(env)} services: " + ", ".join(env))
     module = {"executor-crm": "executor", "executor-billing": "executor",
               "executor-email": "executor", "executor-crmhttp": "executor"}
     modules = {name: f"agentledger.services.{module.get(name, name)}" for name in env}
     modules["mcp"] = "agentledger.mcp"
-    started = [stack.start(opts.home, name, modules[name],
+    started = [processes.start(opts.home, name, modules[name],
                            {**base, **_database(login_urls, module.get(name, name)), **own})
                for name, own in env.items()]
-    stack.wait_ready(started, probes, on_ready=lambda name: step(f"{name} is ready"))
+    processes.wait_ready(started, probes, on_ready=lambda name: step(f"{name} is ready"))
     tokens = {p: keys.session(acme.tenant_id, p, roles) for p, roles in seed.PRINCIPALS.items()}
     operator_env = {
         "AGENTLEDGER_OPERATOR_SESSION_KEYS": session_keys,

@@ -1,5 +1,5 @@
-"""``python -m agentledger.demo.smtp_fault``: the demo's SMTP path to Mailpit, able to lose
-one answer after the message was accepted.
+"""``python -m agentledger.testing.smtp_fault``: an SMTP path to Mailpit, able to lose one
+answer after the message was accepted.
 
 It relays each SMTP conversation both ways, byte for byte. When armed, it waits for the
 server's answer to the end of ``DATA``; if that answer is ``250`` (the message is accepted,
@@ -8,8 +8,8 @@ executor then cannot know whether the message went out: the lost answer of the e
 
 A small HTTP control port arms it and says what it did (``POST /arm``, ``GET /healthz``:
 ``{"armed": …, "dropped": …}``), the way the CRM stand-in's fault API arms a lost answer.
-It is a process of its own because the e-mail executor keeps using it after the demo's
-command has ended. The e-mail tests serve the same proxy from a thread (``tests/mailpit.py``).
+The demo runs it as a process of its own because the e-mail executor keeps using it after
+the demo's command has ended; the e-mail tests serve it from a thread (``tests/mailpit.py``).
 
 Environment: ``AGENTLEDGER_DEMO_SMTP_PORT`` (where it listens),
 ``AGENTLEDGER_DEMO_SMTP_UPSTREAM_PORT`` (Mailpit's SMTP port on 127.0.0.1),

@@ -1,7 +1,8 @@
 """The demo's stories, told through the public interfaces and checked against the records.
 
 Gateways speak to ingress (``agentledger.client.GatewayClient``), approvers to the console's
-JSON API, operators use the ``reconcile`` and ``explain`` commands. After each step the
+JSON API, operators the library's reconcile and explain functions (what the ``reconcile``
+and ``explain`` commands call, printed the way they print it). After each step the
 narration prints what the LEDGER and the CRM's EFFECT LOG say, not what a client was told.
 Every operation id lands in ``World.operations`` (and ``state.json``) for the test to check.
 """
@@ -24,8 +25,8 @@ from rich.markup import escape
 
 from agentledger import client as gateway
 from agentledger.contracts import topics
-from agentledger.demo import seed
-from agentledger.demo.launch import BUDGET_TOOL_CALLS, World
+from demo import reconcile, seed
+from demo.launch import BUDGET_TOOL_CALLS, World
 
 # One command through relay, executor and CRM takes well under a second; a minute means stuck.
 OUTCOME_TIMEOUT_S = 60.0
@@ -105,6 +106,12 @@ def _told(found: gateway.Resolution) -> str:
     return json.dumps(found.outcome.model_dump(mode="json")) if found.outcome else "nothing"
 
 
+def _lose_answer(path_prefix: str) -> dict[str, Any]:
+    """A CRM fault rule: commit the next POST under ``path_prefix``, then drop the answer."""
+    return {"match": {"method": "POST", "path_prefix": path_prefix},
+            "action": "drop_after_commit", "times": 1}
+
+
 def _refund(customer: str, invoice: str, minor: int, reason: str) -> dict[str, Any]:
     return {"customer_id": customer, "invoice_id": invoice, "amount_minor": minor,
             "currency": "EUR", "reason": reason}
@@ -112,7 +119,7 @@ def _refund(customer: str, invoice: str, minor: int, reason: str) -> dict[str, A
 
 async def note_with_lost_answer(s: Story) -> None:
     s.out.rule("[bold]1 · A note, created once although the CRM's answer was lost")
-    await s.crm.arm("POST", "/v1/customers/c-1001/notes", "drop_after_commit")
+    await s.crm.arm(_lose_answer("/v1/customers/c-1001/notes"))
     s.say("The CRM is armed to commit the next note and then drop the connection unanswered.")
     s.say('alice asks the agent: [italic]"add a note: Ada wants her invoices by e-mail"[/italic]'
           " (the planner's model proposes crm.note.create)")
@@ -161,7 +168,7 @@ async def approved_refund(s: Story) -> None:
 
 async def lost_refund_reconciled(s: Story) -> None:
     s.out.rule("[bold]3 · A refund whose answer was lost: unknown, then reconciled by a person")
-    await s.crm.arm("POST", "/v1/refunds", "drop_after_commit")
+    await s.crm.arm(_lose_answer("/v1/refunds"))
     s.say("The CRM will commit the next refund and drop the answer. Refunds are NOT idempotent "
           "(contract none): resending could pay twice, and there is no lookup.")
     gw, since = s.gateway(), datetime.now(UTC)
@@ -184,11 +191,13 @@ async def lost_refund_reconciled(s: Story) -> None:
     refunds = await s.effects("refund.created")
     s.fact(f"CRM effect log: {len(refunds)} refund.created — this one did happen, the runtime "
            "just cannot know it, so it does not claim it")
-    from agentledger import cli  # the operator's commands, exactly as typed in a shell
-
     tenant = s.world.tenant
     s.say(f"[bold]operator oscar[/bold] $ agentledger reconcile list --tenant {tenant}")
-    await asyncio.to_thread(cli.reconcile_list, tenant)
+    unknown = await reconcile.unknown_commands(s.world.database_url, tenant)
+    for listed in unknown:
+        s.out.print(reconcile.describe(listed), soft_wrap=True, highlight=False)
+    if not unknown:
+        s.say("no unknown commands")
     effect = refunds[-1]
     evidence = (f"CRM effect log: effect {effect['effect_id']} refund.created for "
                 f"{effect['customer_id']} at {effect['created_at']}")
@@ -199,9 +208,12 @@ async def lost_refund_reconciled(s: Story) -> None:
     s.say(f"[bold]operator oscar[/bold] $ AGENTLEDGER_TOKEN=<oscar's token> agentledger reconcile "
           f"resolve {op} --outcome succeeded --receipt {receipt} "
           f"--reason {escape(json.dumps(reason))} --evidence {escape(json.dumps(evidence))}")
-    await asyncio.to_thread(cli.reconcile_resolve, op, outcome="succeeded", reason=reason,
-                            token=s.world.tokens["user:oscar"], receipt=receipt,
-                            evidence=evidence)
+    done = await reconcile.resolve(s.world.database_url, s.world.tokens["user:oscar"], op,
+                                  outcome="succeeded", reason=reason, receipt=receipt,
+                                  evidence=evidence)
+    s.out.print(f"resolved {op} as succeeded by {done.resolved_by}, {done.check.check}: "
+                f"{escape(done.check.detail)} (resolution {done.resolution_id})",
+                highlight=False)
     row = await s.command(op)
     who = await s.rows("SELECT resolved_by, reason FROM command_resolution"
                        " WHERE operation_id = $1", op)

@@ -20,15 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import psycopg2
+import psycopg2  # type: ignore[import-untyped]
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
 from agentledger import identity, logins
-from tests.helpers import wait_until
-from tests.integration import identities, processes
-from tests.integration.crm.conftest import Crm, run_crm
-from tests.integration.relay import support as relay_support
+from agentledger.testing import identities, processes
+from agentledger.testing import ledger as testing_ledger
+from agentledger.testing.crm import Crm, run_crm
+from agentledger.testing.polling import wait_until
 
 
 def slot_active(database_url: str, slot: str) -> bool:
@@ -86,9 +86,11 @@ class Pipeline:
         return self.ns + name
 
     def producer(self) -> Producer:
-        return Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "acks": "all"})
+        return Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True,
+                         "acks": "all"})
 
-    def propose(self, action: str, arguments: dict[str, Any], *, operation_id: uuid.UUID | None = None,
+    def propose(self, action: str, arguments: dict[str, Any], *,
+                operation_id: uuid.UUID | None = None,
                 expected_revision: str | None = None, tenant: str | None = None,
                 evidence: list[dict[str, Any]] | None = None,
                 envelope_ttl_s: int | None = None, target: str | None = None) -> uuid.UUID:
@@ -103,7 +105,8 @@ class Pipeline:
         assert p.flush(15) == 0
         return op
 
-    def proposal(self, action: str, arguments: dict[str, Any], *, operation_id: uuid.UUID | None = None,
+    def proposal(self, action: str, arguments: dict[str, Any], *,
+                 operation_id: uuid.UUID | None = None,
                  expected_revision: str | None = None, tenant: str | None = None,
                  evidence: list[dict[str, Any]] | None = None,
                  envelope_ttl_s: int | None = None,
@@ -123,19 +126,22 @@ class Pipeline:
         body = identities.sign(body, ttl_s=envelope_ttl_s)
         return op, {"topic": self.topic("agent.proposals.v1"), "key": tenant.encode(),
                     "value": json.dumps(body).encode(),
-                    "headers": [("traceparent", f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01".encode())]}
+                    "headers": [("traceparent",
+                                 f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01".encode())]}
 
     def state(self, op: uuid.UUID) -> tuple[str, str | None] | None:
         conn = psycopg2.connect(self.database_url)
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT state, provider_receipt FROM agent_command WHERE operation_id = %s", (str(op),))
+                cur.execute("SELECT state, provider_receipt FROM agent_command"
+                            " WHERE operation_id = %s", (str(op),))
                 row = cur.fetchone()
         finally:
             conn.close()
         return (row[0], row[1]) if row else None
 
-    def wait_state(self, op: uuid.UUID, *states: str, timeout: float = 60) -> tuple[str, str | None]:
+    def wait_state(self, op: uuid.UUID, *states: str, timeout: float = 60
+                   ) -> tuple[str, str | None]:
         assert wait_until(lambda: (self.state(op) or ("",))[0] in states, timeout=timeout), (
             f"{op} stayed {self.state(op)}; wanted {states}\n"
             + "\n".join(f"--- {n}\n{s.tail(15)}" for n, s in self.services.items()))
@@ -147,7 +153,8 @@ class Pipeline:
         conn = psycopg2.connect(self.database_url)
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT 1 FROM approval_request WHERE operation_id = %s AND state = 'pending'",
+                cur.execute("SELECT 1 FROM approval_request"
+                            " WHERE operation_id = %s AND state = 'pending'",
                             (str(op),))
                 return cur.fetchone() is not None
         finally:
@@ -165,7 +172,8 @@ class Pipeline:
 
     def read(self, topic: str, predicate: Any, *, timeout: float = 60) -> list[dict[str, Any]]:
         """Records of ``topic`` (namespaced) whose JSON value satisfies ``predicate``."""
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"read-{uuid.uuid4().hex}",
+        consumer = Consumer({"bootstrap.servers": self.bootstrap,
+                             "group.id": f"read-{uuid.uuid4().hex}",
                              "auto.offset.reset": "earliest", "enable.auto.commit": False})
         consumer.subscribe([self.topic(topic)])
         found: list[dict[str, Any]] = []
@@ -173,7 +181,7 @@ class Pipeline:
         def poll() -> bool:
             msg = consumer.poll(0.5)
             if msg is not None and msg.error() is None:
-                value = json.loads(msg.value())
+                value = json.loads(msg.value() or b"null")
                 if predicate(value):
                     found.append(value)
             return bool(found)
@@ -220,7 +228,8 @@ async def _approve(database_url: str, tenant: uuid.UUID, op: uuid.UUID, approver
             conn, tenant_id=tenant, approver_id=approver, requester_id=request.principal_id,
             action=allowlist.Allowlist.load().get(request.action), resource_id=request.resource_id)
         await approvals.decide(conn, tenant, request.approval_id, approver=approver, approve=True,
-                               shown_hash=request.hash_hex, reason="checked", approver_decision=verdict)
+                               shown_hash=request.hash_hex, reason="checked",
+                               approver_decision=verdict)
     finally:
         await conn.close()
 
@@ -229,7 +238,7 @@ def _delete_topics(bootstrap: str, ns: str) -> None:
     # A client made at teardown, never one that lived through a broker restart: librdkafka
     # can hang for ever destroying such a handle (seen in CI: rd_kafka_destroy joining a
     # broker thread after the chaos tier's broker restart, the run stuck until its deadline).
-    relay_support.delete_namespace_topics(AdminClient({"bootstrap.servers": bootstrap}), ns)
+    testing_ledger.delete_namespace_topics(AdminClient({"bootstrap.servers": bootstrap}), ns)
 
 
 @contextmanager
@@ -259,7 +268,8 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
             "faults_enabled": "true", **(crm_options or {})}))
         tenant, customer = str(uuid.uuid4()), f"c-{tag}"
         asyncio.run(crm.customer(tenant, customer, email="ada@example.com"))
-        tokens = {scope: asyncio.run(crm.token(tenant, scope)) for scope in ("read", "write", "lookup")}
+        tokens = {scope: asyncio.run(crm.token(tenant, scope))
+                  for scope in ("read", "write", "lookup")}
         asyncio.run(identities.put_principals(database_url, tenant, identities.DEFAULT_PRINCIPALS))
         common = {"AGENTLEDGER_KAFKA_BOOTSTRAP": bootstrap,
                   "AGENTLEDGER_MASTER_KEY": base64.b64encode(os.urandom(32)).decode(),
@@ -276,13 +286,15 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
             other, other_customer = str(uuid.uuid4()), f"c-{tag}-b"
             asyncio.run(crm.customer(other, other_customer, email="bea@example.com"))
             read_tokens[other] = asyncio.run(crm.token(other, "read"))
-            asyncio.run(identities.put_principals(database_url, other, identities.DEFAULT_PRINCIPALS))
+            asyncio.run(identities.put_principals(database_url, other,
+                                                  identities.DEFAULT_PRINCIPALS))
             p.others[other] = other_customer
         stack.callback(_delete_topics, bootstrap, ns)
         # Where the ledger is at the end: a failover drill repoints the pipeline (p.database_url).
-        stack.callback(lambda: relay_support.drop_slot(p.database_url, slot))
+        stack.callback(lambda: testing_ledger.drop_slot(p.database_url, slot))
 
-        def start(name: str, module: str, own: dict[str, str], ready: Any, timeout: float = 90) -> None:
+        def start(name: str, module: str, own: dict[str, str], ready: Any,
+                  timeout: float = 90) -> None:
             login = login_urls.get(name.split("-")[0])
             db = {"AGENTLEDGER_DATABASE_URL": login} if login else {}
             p.services[name] = stack.enter_context(processes.running(
@@ -309,21 +321,24 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
                 "AGENTLEDGER_EXECUTOR_GROUP_ID": f"executor-{connector}-{tag}",
                 "AGENTLEDGER_EXECUTOR_CRM_URL": crm.url,
                 "AGENTLEDGER_EXECUTOR_PARTITIONS": "3",
-                "AGENTLEDGER_EXECUTOR_WRITE_TOKENS": json.dumps({connector: {tenant: tokens["write"]}}),
+                "AGENTLEDGER_EXECUTOR_WRITE_TOKENS": json.dumps(
+                    {connector: {tenant: tokens["write"]}}),
                 **(executor_env or {})},
                 processes.group_has_members(bootstrap, f"executor-{connector}-{tag}"))
         start("reconciler", "agentledger.services.reconciler", {
             "AGENTLEDGER_RECONCILER_CRM_URL": crm.url, "AGENTLEDGER_RECONCILER_PERIOD_S": "1",
             "AGENTLEDGER_RECONCILER_LOOKUP_TOKENS": json.dumps(
                 {c: {tenant: tokens["lookup"]} for c in ("crm", *(connectors or {}))})},
-            lambda: "event=reconciler_started" in (logs / "reconciler.log").read_text(errors="replace"))
+            lambda: "event=reconciler_started"
+            in (logs / "reconciler.log").read_text(errors="replace"))
         if console:
             p.sessions = SessionIssuer.generate()
             port = processes.free_port()
             p.console_url = f"http://127.0.0.1:{port}"
             start("console", "agentledger.services.console", {
                 "AGENTLEDGER_CONSOLE_PORT": str(port),
-                "AGENTLEDGER_CONSOLE_SESSION_KEYS": json.dumps({p.sessions.kid: p.sessions.public_pem}),
+                "AGENTLEDGER_CONSOLE_SESSION_KEYS": json.dumps(
+                    {p.sessions.kid: p.sessions.public_pem}),
                 "AGENTLEDGER_CONSOLE_SESSION_ISSUER": p.sessions.issuer,
                 "AGENTLEDGER_CONSOLE_SESSION_AUDIENCE": p.sessions.audience,
                 "AGENTLEDGER_CONSOLE_CRM_URL": crm.url,
@@ -336,7 +351,8 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
             p.ingress_url = f"http://127.0.0.1:{port}"
             start("ingress", "agentledger.services.ingress", {
                 "AGENTLEDGER_INGRESS_PORT": str(port),
-                "AGENTLEDGER_INGRESS_SESSION_KEYS": json.dumps({p.sessions.kid: p.sessions.public_pem}),
+                "AGENTLEDGER_INGRESS_SESSION_KEYS": json.dumps(
+                    {p.sessions.kid: p.sessions.public_pem}),
                 "AGENTLEDGER_INGRESS_SESSION_ISSUER": p.sessions.issuer,
                 "AGENTLEDGER_INGRESS_SESSION_AUDIENCE": p.sessions.audience,
                 # Signs with the key admission trusts (tests.integration.identities).

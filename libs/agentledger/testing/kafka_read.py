@@ -1,4 +1,4 @@
-"""Reading Kafka in tests without guessing when reading is done: committed-offset lag of a
+"""Reading Kafka without guessing when reading is done: committed-offset lag of a
 consumer group, and every record of some topics from their start to their end offsets."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
-from tests.helpers import wait_until
+from agentledger.testing.polling import wait_until
 
 
 def lag(bootstrap: str, group: str, topic: str) -> int:
@@ -58,7 +58,8 @@ def read_to_end(bootstrap: str, topics: Sequence[str], *, timeout: float = 120,
                     done.add(at)
                 found.append(msg)
             return done >= set(ends)
-        assert wait_until(read, timeout=timeout, interval=0), f"not read to the end: {set(ends) - done}"
+        assert wait_until(read, timeout=timeout, interval=0), (
+            f"not read to the end: {set(ends) - done}")
         return found
     finally:
         c.close()

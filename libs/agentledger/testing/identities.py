@@ -1,4 +1,6 @@
-"""Identity for tests: an ingress envelope key pair, and principals in the policy directory."""
+"""Development identities for tests, bench and tools: an ingress envelope key pair generated
+at import (never a deployment's key), principals in the policy directory, and the session
+tokens of a throwaway identity provider with the operator shell that trusts it."""
 
 from __future__ import annotations
 
@@ -57,13 +59,15 @@ DEFAULT_PRINCIPALS = {"user:alice": ["user"], "user:bob": ["approver"],
 # operates: `agent-operator` in the directory AND in the token's claims, like the console's
 # approvers.
 SESSION_PRIVATE, SESSION_PUBLIC = identity.generate_keypair("EdDSA")
-SESSION_KID, SESSION_ISSUER, SESSION_AUDIENCE = "test-idp", "agentledger-test-idp", "agentledger-ingress"
+SESSION_KID, SESSION_ISSUER, SESSION_AUDIENCE = (
+    "test-idp", "agentledger-test-idp", "agentledger-ingress")
 SESSION_KEYS = {SESSION_KID: SESSION_PUBLIC}
 OPERATOR = "ops:olga"
 
 
-def session_token(tenant_id: uuid.UUID | str, principal: str, roles: Iterable[str] = ("agent-operator",),
-                  *, private_pem: str = SESSION_PRIVATE) -> str:
+def session_token(tenant_id: uuid.UUID | str, principal: str,
+                  roles: Iterable[str] = ("agent-operator",), *,
+                  private_pem: str = SESSION_PRIVATE) -> str:
     """A session token of the test identity provider (``private_pem``: another key, a forgery)."""
     return identity.issue_session(private_pem, SESSION_KID, tenant_id=uuid.UUID(str(tenant_id)),
                                   subject=principal, audience=SESSION_AUDIENCE,

@@ -1,0 +1,71 @@
+"""``agentledger explain``: what was proposed, permitted, attempted and is known."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Annotated
+
+import asyncpg
+import typer
+from rich.console import Console
+
+from agentledger import db, errors, settings
+from agentledger.audit import explain as audit_explain
+
+console = Console()
+
+
+def explain(
+    operation_id: uuid.UUID,
+    tenant: Annotated[uuid.UUID, typer.Option(help="Tenant id")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+) -> None:
+    """What was proposed, permitted, attempted and is known for one operation (audit ledger)."""
+
+    async def run() -> audit_explain.Explanation:
+        conn = await asyncpg.connect(settings.load().database_url)
+        try:
+            await conn.execute(db.set_role_sql("agentledger_auditor"))
+            return await audit_explain.explain(conn, tenant, operation_id)
+        finally:
+            await conn.close()
+
+    try:
+        found = asyncio.run(run())
+    except errors.AgentLedgerError as exc:
+        console.print(f"[red]{exc.code}[/red]: {exc.message}")
+        raise typer.Exit(2) from exc
+    if as_json:
+        console.print_json(found.model_dump_json())
+        return
+    render(found, console)
+
+
+def render(found: audit_explain.Explanation, console: Console) -> None:
+    """The four answers, for a person (the demo prints them the same way)."""
+    p, k = found.proposed, found.known
+    console.rule(f"operation {found.operation_id}")
+    console.print(f"[bold]proposed[/bold]  {p.action} on {p.target} for {p.principal} "
+                  f"by planner {p.planner} (model {p.model}); "
+                  f"{len(p.evidence)} evidence item(s); hash {str(p.request_hash)[:16]}…")
+    console.print("[bold]permitted[/bold]")
+    for d in found.permitted.decisions:
+        console.print(f"  {d.decided_at}  {d.stage:<9} {d.effect:<16} "
+                      f"{d.policy_version[:30]}  {d.reason}", highlight=False)
+    for a in found.permitted.approvals:
+        console.print(f"  approval {a.approval_id}: {a.state} by {a.decided_by} "
+                      f"({a.decision_reason})", highlight=False)
+    console.print("[bold]attempted[/bold]")
+    if not found.attempted:
+        console.print("  nothing was attempted")
+    for t in found.attempted:
+        console.print(f"  {t.started_at}  {t.kind:<8} worker={t.worker_id} "
+                      f"generation={t.fencing_generation} → {t.result} {t.detail or ''}",
+                      highlight=False)
+    console.print(f"[bold]known[/bold]     state={k.state} receipt={k.receipt} "
+                  f"reason={k.reason}", highlight=False)
+    for r in k.reconciliations:
+        console.print(f"  reconciled {r.outcome} by {r.resolved_by} at {r.resolved_at}: "
+                      f"{r.reason} (evidence: {r.evidence})", highlight=False)
+    console.print(f"[dim]{len(found.timeline)} audit events[/dim]")
