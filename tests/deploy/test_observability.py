@@ -44,12 +44,6 @@ EXPECTED = {
     Instrument("agentledger.commands.unknown", "gauge", "{command}"),
     # reconciler sweep: now() - the oldest `unknown` command's updated_at, by connector
     Instrument("agentledger.commands.unknown.oldest_age", "gauge", "s"),
-    # kafka/handling.py dead_letter(): by topic.family (source topic) and outcome (error code)
-    Instrument("agentledger.dead_letters", "counter", "{message}"),
-    # executor/reconciler.py: a take-over claim of a `dispatching` command, by connector
-    Instrument("agentledger.leases.expired", "counter", "{claim}"),
-    # executor dispatcher and reconciler, beside event=retry_capped, by connector
-    Instrument("agentledger.retries.capped", "counter", "{command}"),
 }
 
 _CREATE = {

@@ -377,6 +377,10 @@ class Dispatcher:
                                                   delay_s=dispatch.backoff(held.generation))
                 state = "pending" if requeued == "requeued" else "unknown"
                 if requeued == "capped":
+                    # Rare (once per command at most): one read for its connector label.
+                    row = await repository.load_command(conn, held.tenant_id, held.operation_id)
+                    telemetry_metrics.retries_capped.add(
+                        1, connector=telemetry_metrics.bounded(row["connector"]))
                     log.warning("event=retry_capped operation_id=%s generation=%d",
                                 held.operation_id, held.generation)
         await faults.point("executor.after_receipt")

@@ -161,6 +161,10 @@ class Reconciler:
                                         traceparent=spans.traceparent_of())
             if held is None:
                 return "skipped"
+            if held.previous_state == "dispatching":
+                # Its holder's lease ran out mid-command: the take-over is the expiry's proof.
+                telemetry_metrics.leases_expired.add(
+                    1, connector=telemetry_metrics.bounded(connector_name))
             tried = await dispatch.attempts(conn, tenant_id, operation_id)
             unsent = held.previous_state == "dispatching" and dispatch.never_sent(
                 tried, held.generation - 1)
@@ -170,8 +174,8 @@ class Reconciler:
             # Its holder stopped before any call reached the connector (crashed, cut off, or
             # fenced at the pre-call check): nothing to look up or doubt, whatever the
             # contract — send it again, never `unknown`.
-            return await self._requeue(held, "the lease expired before any call reached the "
-                                       "connector: nothing was sent")
+            return await self._requeue(held, connector_name, "the lease expired before any "
+                                       "call reached the connector: nothing was sent")
         call = base.Call(tenant_id, operation_id, row["action"], row["resource_id"], {},
                          row["expected_revision"])
         if contract.lookup:
@@ -193,13 +197,13 @@ class Reconciler:
                 await self._finalize(held, "unknown", reason=expired)
                 return "unknown"
             if isinstance(found, base.NotFound) and contract.may_resend:
-                return await self._requeue(held, "lookup found no effect; resend the same "
-                                           "request with the same key")
+                return await self._requeue(held, connector_name, "lookup found no effect; "
+                                           "resend the same request with the same key")
             await self._finalize(held, "unknown", reason=getattr(found, "reason", "no answer"))
             return "unknown"
         if contract.may_resend and not expired:
-            return await self._requeue(held, "lease expired; the contract allows resending "
-                                       "the same request")
+            return await self._requeue(held, connector_name, "lease expired; the contract "
+                                       "allows resending the same request")
         if expired:
             await self._finalize(held, "unknown", reason=expired)
             return "unknown"
@@ -207,12 +211,14 @@ class Reconciler:
                              "the provider cannot be asked: an operator must reconcile")
         return "unknown"
 
-    async def _requeue(self, held: dispatch.Claim, reason: str) -> Action:
+    async def _requeue(self, held: dispatch.Claim, connector_name: str, reason: str) -> Action:
         async with self.pool.acquire() as conn:
             requeued = await dispatch.requeue(conn, held, reason=reason,
                                               traceparent=spans.traceparent_of(),
                                               max_generations=self.max_generations)
         if requeued == "capped":
+            telemetry_metrics.retries_capped.add(
+                1, connector=telemetry_metrics.bounded(connector_name))
             log.warning("event=retry_capped operation_id=%s generation=%d", held.operation_id,
                         held.generation)
             return "unknown"

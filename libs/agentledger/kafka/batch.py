@@ -78,6 +78,8 @@ class _Slot:
     outputs: Sequence[Output] = ()
     # None: done; "retry": redeliver from here; "skipped": chained behind a retry.
     held: str | None = "skipped"
+    # The error code of its dead letter, counted once that is published.
+    dead: str | None = None
 
 
 @dataclass
@@ -141,16 +143,19 @@ class BatchConsumer(Generic[T]):
         slots = [_Slot(msg) for msg in batch]
         await self._handle_all(slots)
         rewind = _rewind_points(slots)
-        outputs = [o for s in slots if s.held is None and not _behind(s.msg, rewind)
-                   for o in s.outputs]
+        sent = [s for s in slots if s.held is None and not _behind(s.msg, rewind)]
         try:
-            await self._publish(outputs)
+            await self._publish([o for s in sent for o in s.outputs])
         except errors.AgentLedgerError as exc:
             # Nothing of this batch is acked: every partition in it is redelivered from its
             # first record (answers already sent are sent again; handlers are idempotent).
             log.warning("event=batch_publish_failed error=%s", exc.message[:300])
             rewind = {tp: min(s.msg.offset() or 0 for s in slots if _tp(s.msg) == tp)
                       for tp in {_tp(s.msg) for s in slots}}
+        else:
+            for slot in sent:
+                if slot.dead is not None:  # its dead letter was delivered: counted once
+                    handling.count_dead_letter(slot.msg.topic() or "", slot.dead)
         await faults.point("batch.before_offset_commit")
         await self._commit(slots, rewind)
         if rewind:
@@ -249,7 +254,7 @@ class BatchConsumer(Generic[T]):
         slot.outputs = (Output(topics.dlq_topic(msg.topic() or ""),
                                record.model_dump_json(by_alias=True).encode(), msg.key(),
                                (("error_code", error.code.encode()),)),)
-        slot.held = None
+        slot.held, slot.dead = None, error.code
         self.stats.dead_lettered += 1
         log.warning("event=dead_lettered topic=%s partition=%s offset=%s code=%s",
                     msg.topic(), msg.partition(), msg.offset(), error.code)

@@ -22,6 +22,7 @@ from faststream.confluent.annotations import KafkaMessage
 from agentledger import errors
 from agentledger.contracts import dlq, topics
 from agentledger.ledger import repository
+from agentledger.telemetry import metrics as telemetry_metrics
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,32 @@ def _summary(exc: BaseException) -> str:
     return str(exc)[:1900]
 
 
+# The families of the topics consumers read, as the ``topic.family`` label of a dead letter:
+# a topic's name without its version (``agent.proposals``), or ``exec`` for every connector's
+# topic. A fixed set, so a suffixed or unknown topic name cannot widen the label.
+_FAMILIES = frozenset(t.removesuffix(".v1") for t in (
+    topics.GATEWAY_PROPOSALS, topics.REQUESTS, topics.PROPOSALS, topics.ADMISSIONS,
+    topics.OUTCOMES, topics.AUDIT))
+
+
+def topic_family(topic: str) -> str:
+    """The bounded family of a source topic: ``agent.proposals.v1`` → ``agent.proposals``,
+    ``exec.crm.v1`` → ``exec``; a topic of no known family → ``other``.
+
+    A deployment's own topic names (``agent.proposals.t1a2b.v1``) keep their family.
+    """
+    parts = topic.split(".")
+    if parts[0] == "exec" and len(parts) > 2:
+        return "exec"
+    return telemetry_metrics.bounded(".".join(parts[:2]), _FAMILIES)
+
+
+def count_dead_letter(topic: str, code: str) -> None:
+    """Count one dead letter of ``topic`` that reached its dead-letter topic."""
+    telemetry_metrics.dead_letters.add(1, **{
+        "topic.family": topic_family(topic), "outcome": telemetry_metrics.bounded(code)})
+
+
 async def dead_letter(
     broker: KafkaBroker, msg: KafkaMessage, error: errors.AgentLedgerError, *,
     keep_value: bool = True,
@@ -67,6 +94,7 @@ async def dead_letter(
         record.model_dump_json(by_alias=True).encode(), topic=topics.dlq_topic(raw.topic()),
         key=raw.key(), headers={"error_code": error.code},
     )
+    count_dead_letter(raw.topic(), error.code)
     log.warning("event=dead_lettered topic=%s partition=%s offset=%s code=%s",
                 raw.topic(), raw.partition(), raw.offset(), error.code)
 

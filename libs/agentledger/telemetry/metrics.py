@@ -62,6 +62,7 @@ class Counter:
                  labels: tuple[str, ...]) -> None:
         _check_names(name, labels)
         self.name, self.declared = name, labels
+        self.unit, self.description = unit, description
         self._counter = meter.create_counter(name, unit=unit, description=description)
 
     def add(self, amount: int = 1, **values: str) -> None:
@@ -75,6 +76,7 @@ class Histogram:
                  labels: tuple[str, ...]) -> None:
         _check_names(name, labels)
         self.name, self.declared = name, labels
+        self.unit, self.description = unit, description
         self._histogram = meter.create_histogram(name, unit=unit, description=description)
 
     def record(self, amount: float, **values: str) -> None:
@@ -109,3 +111,16 @@ approval_decisions = Counter(
     _meter, "agentledger.approval.decisions", unit="{decision}",
     description="Human decisions on approval requests, by result and action.",
     labels=("outcome", "action"))
+dead_letters = Counter(
+    _meter, "agentledger.dead_letters", unit="{message}",
+    description="Messages a consumer sent to a dead-letter topic (once published), by the "
+                "source topic's family and the error code.",
+    labels=("topic.family", "outcome"))
+leases_expired = Counter(
+    _meter, "agentledger.leases.expired", unit="{claim}",
+    description="Take-overs by the reconciler of a `dispatching` command whose lease ran out.",
+    labels=("connector",))
+retries_capped = Counter(
+    _meter, "agentledger.retries.capped", unit="{command}",
+    description="Commands held `unknown` for an operator at the cap of dispatch generations.",
+    labels=("connector",))

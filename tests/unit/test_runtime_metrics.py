@@ -1,0 +1,367 @@
+"""The runtime counters the alert rules read (issue 23): each counts once per event, labelled.
+
+Each test swaps the module-level counter for the same definition on a private meter provider
+with an in-memory reader (OpenTelemetry's global provider can be set once per process), then
+drives the real code path: ``handling.guarded`` / ``dead_letter``, the batch runner, the
+reconciler's take-over and both ``retry_capped`` branches. The ledger and the broker are
+stand-ins here; tests/integration/test_executor.py and test_kafka_batch.py read the same
+counters on the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import confluent_kafka
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
+
+from agentledger import errors
+from agentledger.connectors import base
+from agentledger.executor import dispatcher, reconciler
+from agentledger.kafka import batch, handling
+from agentledger.ledger import dispatch, repository
+from agentledger.telemetry import metrics as telemetry_metrics
+
+Points = Callable[[], dict[frozenset[tuple[str, str]], int]]
+
+
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Points]:
+    """``recorded("dead_letters")``: a reader of that counter's points, by label set."""
+
+    def swap(attribute: str) -> Points:
+        real: telemetry_metrics.Counter = getattr(telemetry_metrics, attribute)
+        reader = InMemoryMetricReader()
+        meter = MeterProvider(metric_readers=[reader], shutdown_on_exit=False).get_meter("t")
+        monkeypatch.setattr(telemetry_metrics, attribute, telemetry_metrics.Counter(
+            meter, real.name, unit=real.unit, description=real.description,
+            labels=real.declared))
+
+        def points() -> dict[frozenset[tuple[str, str]], int]:
+            data = reader.get_metrics_data()
+            found = [m for rm in (data.resource_metrics if data else ())
+                     for sm in rm.scope_metrics for m in sm.metrics if m.name == real.name]
+            return {frozenset((k, str(v)) for k, v in (p.attributes or {}).items()): int(p.value)
+                    for m in found for p in m.data.data_points if isinstance(p, NumberDataPoint)}
+
+        return points
+
+    return swap
+
+
+def _labels(**values: str) -> frozenset[tuple[str, str]]:
+    return frozenset(values.items())
+
+
+# ----------------------------------------------------------------------------- dead letters
+@dataclass
+class _Raw:
+    _topic: str
+    _offset: int = 7
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes:
+        return b"k"
+
+    def value(self) -> bytes:
+        return b"\x00{not json"
+
+
+@dataclass
+class _Message:
+    raw_message: _Raw
+
+
+@dataclass
+class _Broker:
+    fail: bool = False
+    published: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+
+    async def publish(self, _body: bytes, *, topic: str, key: bytes | None,
+                      headers: dict[str, str]) -> None:
+        if self.fail:
+            raise errors.AnswersUndelivered("the broker is away")
+        self.published.append((topic, headers))
+
+
+def test_a_topic_family_is_a_known_name_or_other() -> None:
+    assert handling.topic_family("agent.proposals.v1") == "agent.proposals"
+    assert handling.topic_family("agent.proposals.t1a2b3c4.v1") == "agent.proposals"
+    assert handling.topic_family("gateway.proposals.v1") == "gateway.proposals"
+    assert handling.topic_family("exec.billing.v1") == "exec"
+    for unknown in ("t0123456789.batch.v1", "exec.v1", "x", "", "Agent.Proposals.v1"):
+        assert handling.topic_family(unknown) == "other", unknown
+
+
+async def test_a_guarded_poison_message_is_dead_lettered_and_counted_once(
+    recorded: Callable[[str], Points],
+) -> None:
+    points = recorded("dead_letters")
+    broker = _Broker()
+
+    async def handle(_msg: Any) -> None:
+        raise errors.PoisonMessage("no JSON here")
+
+    run = handling.guarded(broker, handle, payload_topic=True)  # type: ignore[arg-type]
+    await run(_Message(_Raw("agent.proposals.v1")))  # type: ignore[arg-type]
+    assert broker.published == [("agent.proposals.dlq.v1", {"error_code": "poison_message"})]
+    assert points() == {_labels(**{"topic.family": "agent.proposals",
+                                   "outcome": "poison_message"}): 1}
+
+
+async def test_a_retryable_failure_or_an_undelivered_dead_letter_counts_nothing(
+    recorded: Callable[[str], Points],
+) -> None:
+    points = recorded("dead_letters")
+
+    async def outage(_msg: Any) -> None:
+        raise errors.StorageError("the database is away")
+
+    run = handling.guarded(_Broker(), outage)  # type: ignore[arg-type]
+    with pytest.raises(errors.StorageError):  # redelivered, not dead-lettered
+        await run(_Message(_Raw("agent.requests.v1")))  # type: ignore[arg-type]
+    with pytest.raises(errors.AnswersUndelivered):  # not published: not counted
+        await handling.dead_letter(_Broker(fail=True), _Message(_Raw("agent.requests.v1")),  # type: ignore[arg-type]
+                                   errors.PoisonMessage("bad"))
+    assert points() == {}
+
+
+@dataclass
+class _Record:
+    _topic: str
+    _offset: int
+    _value: bytes
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+    def value(self) -> bytes:
+        return self._value
+
+    def key(self) -> bytes:
+        return b"k"
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return []
+
+    def error(self) -> None:
+        return None
+
+
+@dataclass
+class _Consumer:
+    batches: list[list[_Record]]
+
+    def poll(self, _timeout: float) -> _Record | None:
+        return self.batches[0].pop(0) if self.batches and self.batches[0] else None
+
+    def consume(self, _n: int, _timeout: float) -> list[_Record]:
+        rest, self.batches = self.batches[0], self.batches[1:]
+        return rest
+
+    def commit(self, **_kwargs: Any) -> None:
+        pass
+
+    def seek(self, _tp: confluent_kafka.TopicPartition) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class _Producer:
+    fail: list[bool]  # per flush: whether its deliveries fail
+    sent: list[str] = field(default_factory=list)
+    _reports: list[Any] = field(default_factory=list)
+
+    def produce(self, topic: str, _value: bytes, _key: bytes | None, *, headers: Any,
+                on_delivery: Any) -> None:
+        self.sent.append(topic)
+        self._reports.append(on_delivery)
+
+    def flush(self, _timeout: float) -> int:
+        fail = self.fail.pop(0) if self.fail else False
+        for report in self._reports:
+            report("broker says no" if fail else None, None)
+        self._reports.clear()
+        return 0
+
+    def poll(self, _timeout: float) -> int:
+        return 0
+
+
+def _batch_runner(records: list[list[_Record]], producer: _Producer,
+                  handle: Any) -> batch.BatchConsumer[dict[str, Any]]:
+    consumer = _Consumer(records)
+    return batch.BatchConsumer(
+        lambda: consumer, producer,  # type: ignore[arg-type,return-value]
+        batch.Handler(parse=lambda m: json.loads(m.value() or b""), handle=handle),
+        pauses_s=(0.0,))
+
+
+async def _answer(item: dict[str, Any], _msg: Any) -> list[batch.Output]:
+    if item.get("bug"):
+        raise KeyError("a handler bug")  # not retryable: dead-lettered
+    return [batch.Output("answers", b"ok")]
+
+
+async def test_the_batch_runner_counts_each_dead_letter_once_it_is_delivered(
+    recorded: Callable[[str], Points],
+) -> None:
+    points = recorded("dead_letters")
+    topic = "exec.crm.v1"
+    records = [_Record(topic, 0, b'{"name": "ok"}'), _Record(topic, 1, b"\x00{not json"),
+               _Record(topic, 2, b'{"bug": true}')]
+    # The first publish fails: the batch is redelivered whole, and only then delivered.
+    producer = _Producer(fail=[True, False])
+    runner = _batch_runner([records, [*records]], producer, _answer)
+    assert await runner.step() == 3
+    assert points() == {}  # decided, but nothing reached the dead-letter topic
+    assert await runner.step() == 3
+    assert producer.sent.count("exec.crm.dlq.v1") == 4  # two per attempt of the batch
+    assert points() == {
+        _labels(**{"topic.family": "exec", "outcome": "poison_message"}): 1,
+        _labels(**{"topic.family": "exec", "outcome": "agentledger_error"}): 1,
+    }
+
+
+async def test_a_dead_letter_behind_a_rewind_counts_when_it_is_finally_sent(
+    recorded: Callable[[str], Points],
+) -> None:
+    points = recorded("dead_letters")
+    topic = "agent.proposals.v1"
+    attempts: list[int] = []
+
+    async def handle(item: dict[str, Any], msg: Any) -> list[batch.Output]:
+        if item.get("outage") and not attempts:
+            attempts.append(1)
+            raise errors.StorageError("once")
+        return []
+
+    first = [_Record(topic, 0, b'{"outage": true}'), _Record(topic, 1, b"not json")]
+    runner = _batch_runner([first, [*first]], _Producer(fail=[]), handle)
+    await runner.step()
+    assert points() == {}  # offset 1 is redelivered after offset 0: not published yet
+    await runner.step()
+    assert points() == {_labels(**{"topic.family": "agent.proposals",
+                                   "outcome": "poison_message"}): 1}
+
+
+# ----------------------------------------------------------------------------- executor
+class _Pool:
+    """A pool whose connections are never used: the ledger calls are replaced below."""
+
+    @asynccontextmanager
+    async def acquire(self) -> AsyncIterator[object]:
+        yield object()
+
+
+@dataclass
+class _Connector:
+    contract: base.Contract
+    name: str = "crm"
+
+
+def _claim(previous: str, generation: int = 3) -> dispatch.Claim:
+    return dispatch.Claim(uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), "recovery", generation,
+                          datetime.now(UTC) + timedelta(seconds=30), uuid.uuid4(), previous)
+
+
+def _ledger(monkeypatch: pytest.MonkeyPatch, held: dispatch.Claim | None, requeued: str) -> None:
+    async def claim(*_a: Any, **_k: Any) -> dispatch.Claim | None:
+        return held
+
+    async def requeue(*_a: Any, **_k: Any) -> str:
+        return requeued
+
+    async def nothing(*_a: Any, **_k: Any) -> list[Any]:
+        return []
+
+    async def load_command(*_a: Any, **_k: Any) -> dict[str, Any]:
+        return {"connector": "crm", "lease_until": datetime.now(UTC) - timedelta(minutes=5),
+                "action": "crm.note.create", "resource_id": "cust-a", "expected_revision": None}
+
+    monkeypatch.setattr(dispatch, "claim", claim)
+    monkeypatch.setattr(dispatch, "requeue", requeue)
+    monkeypatch.setattr(dispatch, "attempts", nothing)
+    monkeypatch.setattr(dispatch, "finalize", nothing)
+    monkeypatch.setattr(dispatch, "may_still_act", lambda *_a: False)
+    monkeypatch.setattr(dispatch, "never_sent", lambda *_a: True)
+    monkeypatch.setattr(repository, "load_command", load_command)
+
+
+class _NoCredentials:
+    def token(self, _connector: str, _tenant_id: uuid.UUID) -> None:
+        return None  # a lookup without a credential is in doubt: `unknown`, no call
+
+
+def _reconciler() -> reconciler.Reconciler:
+    contract = base.Contract("keyed", lookup=True, call_timeout_s=5.0)
+    return reconciler.Reconciler(
+        pool=_Pool(), connectors={"crm": _Connector(contract)},  # type: ignore[arg-type,dict-item]
+        credentials=_NoCredentials(), worker_id="recovery")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("requeued", ["requeued", "capped"])
+async def test_a_take_over_of_a_dispatching_command_counts_one_expired_lease(
+    recorded: Callable[[str], Points], monkeypatch: pytest.MonkeyPatch, requeued: str,
+) -> None:
+    expired, capped = recorded("leases_expired"), recorded("retries_capped")
+    held = _claim("dispatching")
+    _ledger(monkeypatch, held, requeued)
+    done = await _reconciler()._reconcile(held.tenant_id, held.operation_id, "crm", "dispatching")
+    assert done == ("requeued" if requeued == "requeued" else "unknown")
+    assert expired() == {_labels(connector="crm"): 1}
+    assert capped() == ({_labels(connector="crm"): 1} if requeued == "capped" else {})
+
+
+async def test_recovering_an_unknown_command_or_claiming_nothing_is_no_expired_lease(
+    recorded: Callable[[str], Points], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    expired = recorded("leases_expired")
+    held = _claim("unknown")
+    _ledger(monkeypatch, held, "requeued")
+    assert await _reconciler()._reconcile(held.tenant_id, held.operation_id, "crm",
+                                          "unknown") == "unknown"
+    _ledger(monkeypatch, None, "requeued")  # the claim went to someone else
+    assert await _reconciler()._reconcile(held.tenant_id, held.operation_id, "crm",
+                                          "dispatching") == "skipped"
+    assert expired() == {}
+
+
+@pytest.mark.parametrize("requeued", ["requeued", "capped"])
+async def test_the_executor_counts_a_retry_cap_once_with_its_connector(
+    recorded: Callable[[str], Points], monkeypatch: pytest.MonkeyPatch, requeued: str,
+) -> None:
+    capped = recorded("retries_capped")
+    held = _claim("pending", generation=10)
+    _ledger(monkeypatch, held, requeued)
+    worker = dispatcher.Dispatcher(
+        pool=_Pool(), connectors={}, credentials=None, cipher=None,  # type: ignore[arg-type]
+        authorizer=None, allowlist=None, worker_id="w1")  # type: ignore[arg-type]
+    state = await worker.record(held, base.NotSent("connection refused"))
+    assert state == ("pending" if requeued == "requeued" else "unknown")
+    assert capped() == ({_labels(connector="crm"): 1} if requeued == "capped" else {})
