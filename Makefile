@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 ENV_FILE := .local/env
 
-.PHONY: help bootstrap up down status migrate schema demo test test-unit test-repeat lint chaos soak hunt
+.PHONY: help bootstrap up down status migrate schema demo traces test test-unit test-repeat lint chaos soak hunt
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -30,6 +30,11 @@ schema: up ## Regenerate migrations/schema.sql from a fresh migration run (commi
 
 demo: bootstrap up ## Start every service as real processes and play the narrated scenarios
 	@. $(ENV_FILE) && .venv/bin/agentledger demo
+
+traces: bootstrap up ## Start a real Jaeger (in memory, OTLP in), play the demo exporting to it; each explain prints its trace link
+	@bash deploy/local/jaeger.sh start
+	@. $(ENV_FILE) && set -a && eval "$$(bash deploy/local/jaeger.sh env)" && set +a && .venv/bin/agentledger demo
+	@echo "traces: $$(bash deploy/local/jaeger.sh env | sed -n 's/^AGENTLEDGER_TRACES_URL=//p')  (stop: bash deploy/local/jaeger.sh stop)"
 
 test: bootstrap ## Run the test suite against real Kafka and PostgreSQL (started if needed)
 	@$(PY) -m pytest

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from agentledger import db, errors
+from agentledger import db, errors, settings
 from agentledger.audit import explain as audit_explain
 from agentledger.cli import explain as cli_explain
 from demo import launch, scenarios, stack, stories_adoption
@@ -60,7 +60,7 @@ def _explain_one(world: launch.World, console: Console, title: str, op: str | No
     except errors.AgentLedgerError as exc:
         console.print(f"[red]{exc.code}[/red]: {escape(exc.message)}", highlight=False)
         return
-    cli_explain.render(found, console)
+    cli_explain.render(found, console, settings.load().traces_url)
 
 
 async def _explanation(world: launch.World, op: str) -> audit_explain.Explanation:

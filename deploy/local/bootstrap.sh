@@ -44,3 +44,6 @@ fi
 bash "$ROOT/deploy/local/mailpit.sh" install
 # kustomize and kubeconform, which the deploy tier runs over every overlay (same Go, same way).
 bash "$ROOT/deploy/local/gotools.sh" deploy
+# Jaeger (`make traces`, and the browser test that opens a trace in its UI): built from its Go
+# module once (a few minutes), its UI unpacked from the archive beside the script.
+bash "$ROOT/deploy/local/jaeger.sh" install

@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     kafka_bootstrap: str = Field(default="127.0.0.1:19092", description="Kafka bootstrap servers.")
     kafka_replication_factor: KafkaReplicationFactor = 1
     migrations_dir: Path = Field(default=REPO_ROOT / "migrations")
+    traces_url: str | None = Field(
+        default=None, description="A trace UI (Jaeger) where the services' spans are: "
+        "`explain` and the demo print each operation's trace link there (`make traces`).")
 
 
 class PolicySources(BaseSettings):

@@ -44,3 +44,19 @@ def test_the_json_shape_keeps_its_keys() -> None:
                            "known", "timeline", "trace_id"}
     assert set(dumped["known"]) == {"state", "receipt", "reason", "finished_at",
                                     "payload_purged", "reconciliations"}
+
+
+def test_explain_prints_the_trace_link_when_a_trace_ui_is_configured() -> None:
+    from rich.console import Console
+
+    from agentledger.cli import explain as cli_explain
+
+    found = _explanation("4bf92f3577b34da6a3ce929d0e0e4736")
+    shown = Console(record=True, width=200)
+    cli_explain.render(found, shown, "http://127.0.0.1:16686")
+    assert "trace     http://127.0.0.1:16686/trace/4bf92f3577b34da6a3ce929d0e0e4736" in \
+        shown.export_text()
+    unlinked = Console(record=True, width=200)
+    cli_explain.render(found, unlinked, None)
+    assert "trace 4bf92f3577b34da6a3ce929d0e0e4736 (set AGENTLEDGER_TRACES_URL" in \
+        unlinked.export_text()

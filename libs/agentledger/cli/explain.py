@@ -39,11 +39,13 @@ def explain(
     if as_json:
         console.print_json(found.model_dump_json())
         return
-    render(found, console)
+    render(found, console, settings.load().traces_url)
 
 
-def render(found: audit_explain.Explanation, console: Console) -> None:
-    """The four answers, for a person (the demo prints them the same way)."""
+def render(found: audit_explain.Explanation, console: Console,
+           traces_url: str | None = None) -> None:
+    """The four answers, for a person (the demo prints them the same way), and the trace's
+    link when a trace UI is configured (``AGENTLEDGER_TRACES_URL``)."""
     p, k = found.proposed, found.known
     console.rule(f"operation {found.operation_id}")
     console.print(f"[bold]proposed[/bold]  {p.action} on {p.target} for {p.principal} "
@@ -69,3 +71,7 @@ def render(found: audit_explain.Explanation, console: Console) -> None:
         console.print(f"  reconciled {r.outcome} by {r.resolved_by} at {r.resolved_at}: "
                       f"{r.reason} (evidence: {r.evidence})", highlight=False)
     console.print(f"[dim]{len(found.timeline)} audit events[/dim]")
+    if link := found.trace_link(traces_url):
+        console.print(f"[bold]trace[/bold]     {link}", highlight=False)
+    elif found.trace_id:
+        console.print(f"[dim]trace {found.trace_id} (set AGENTLEDGER_TRACES_URL to link it)[/dim]")
