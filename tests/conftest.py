@@ -5,15 +5,20 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import psycopg2
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 
 from agentledger import migrations, settings
+from agentledger.telemetry import metrics as telemetry_metrics
 from tests import stack as stack_mod
+from tests.helpers import Points
 from tests.kafka_cluster import kafka_cluster  # noqa: F401 - a fixture, shared by tiers
 from tests.private_stack import private_stack  # noqa: F401 - a fixture, shared by tiers
 
@@ -128,3 +133,29 @@ def new_topic(kafka_admin: AdminClient, request: pytest.FixtureRequest) -> Itera
 @pytest.fixture
 def group_id(request: pytest.FixtureRequest) -> str:
     return f"g.{request.node.name[:40]}.{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Points]:
+    """``recorded("leases_expired")``: that counter of ``agentledger.telemetry.metrics`` on a
+    private provider for this test, and a reader of its points by label set (the global
+    provider can be set once per process, so a test cannot read it)."""
+
+    def swap(attribute: str) -> Points:
+        real: telemetry_metrics.Counter = getattr(telemetry_metrics, attribute)
+        reader = InMemoryMetricReader()
+        meter = MeterProvider(metric_readers=[reader], shutdown_on_exit=False).get_meter("t")
+        monkeypatch.setattr(telemetry_metrics, attribute, telemetry_metrics.Counter(
+            meter, real.name, unit=real.unit, description=real.description,
+            labels=real.declared))
+
+        def points() -> dict[tuple[tuple[str, Any], ...], int | float]:
+            data = reader.get_metrics_data()
+            return {tuple(sorted((p.attributes or {}).items())): p.value
+                    for rm in (data.resource_metrics if data else ()) for sm in rm.scope_metrics
+                    for m in sm.metrics for p in m.data.data_points
+                    if isinstance(p, NumberDataPoint)}
+
+        return points
+
+    return swap

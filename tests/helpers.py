@@ -7,11 +7,14 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web
 
 T = TypeVar("T")
+# A counter's points by label set, as the ``recorded`` fixture reads them:
+# ``{(("connector", "crm"),): 1}``.
+Points = Callable[[], dict[tuple[tuple[str, Any], ...], int | float]]
 
 
 async def assert_eventually(

@@ -11,15 +11,12 @@ from typing import Any
 
 import asyncpg
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 
 from agentledger import errors
 from agentledger.connectors import crm as crm_connectors
 from agentledger.ledger import dispatch, resolutions
-from agentledger.telemetry import metrics as telemetry_metrics
 from agentledger.testing.crm import Crm, run_crm
-from tests.helpers import assert_eventually
+from tests.helpers import Points, assert_eventually
 from tests.integration import executor_world
 from tests.integration.executor_world import World, close_world, open_world
 
@@ -33,34 +30,6 @@ UNCHECKED: dict[str, Any] = {"receipt_check": "unchecked", "check_detail": "bill
 
 
 crm, world = executor_world.fixtures()
-
-Points = Callable[[], dict[tuple[tuple[str, Any], ...], int | float]]
-
-
-@pytest.fixture
-def recorded(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Points]:
-    """``recorded("leases_expired")``: that counter on a private provider, and a reader of
-    its points by label set (the global provider can be set once per process)."""
-
-    def swap(attribute: str) -> Points:
-        real: telemetry_metrics.Counter = getattr(telemetry_metrics, attribute)
-        reader = InMemoryMetricReader()
-        meter = MeterProvider(metric_readers=[reader], shutdown_on_exit=False).get_meter("t")
-        monkeypatch.setattr(telemetry_metrics, attribute, telemetry_metrics.Counter(
-            meter, real.name, unit=real.unit, description=real.description,
-            labels=real.declared))
-
-        def points() -> dict[tuple[tuple[str, Any], ...], int | float]:
-            data = reader.get_metrics_data()
-            return {tuple(sorted((p.attributes or {}).items())): p.value
-                    for rm in (data.resource_metrics if data else ()) for sm in rm.scope_metrics
-                    for m in sm.metrics for p in m.data.data_points
-                    if isinstance(p, NumberDataPoint)}
-
-        return points
-
-    return swap
-
 
 async def test_lost_response_on_a_keyed_note_yields_one_note_and_success(world: World) -> None:
     t = await world.tenant()

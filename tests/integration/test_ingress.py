@@ -19,14 +19,14 @@ import httpx
 import jwt
 import psycopg2
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from cryptography.hazmat.primitives import hashes, hmac, serialization
 
 from agentledger import client as client_mod
 from agentledger import identity, logins
 from agentledger.contracts import admission, outcomes, topics
 from agentledger.services.ingress import intake as intake_mod
-from agentledger.testing import processes
+from agentledger.testing import kafka_read, processes
 from agentledger.testing.polling import wait_until
 from tests.stack import Stack
 
@@ -36,26 +36,7 @@ ISSUER, AUDIENCE = "https://idp.test", "agentledger-ingress"
 
 def read_all(bootstrap: str, topic: str) -> list[Any]:
     """Every record of a topic up to its current end (high watermark), all partitions."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False})
-    try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        records: list[Any] = []
-        remaining = {p for p, end in ends.items() if end > 0}
-        deadline = time.monotonic() + 30
-        while remaining and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None or msg.error() is not None:
-                continue
-            records.append(msg)
-            if msg.offset() + 1 >= ends[msg.partition()]:
-                remaining.discard(msg.partition())
-        assert not remaining, f"could not read {topic} to its end"
-        return records
-    finally:
-        consumer.close()
+    return list(kafka_read.read_to_end(bootstrap, [topic]))
 
 
 def find(bootstrap: str, topic: str, predicate: Callable[[dict[str, Any]], bool], timeout: float = 60) -> Any:

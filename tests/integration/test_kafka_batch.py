@@ -11,38 +11,17 @@ import asyncio
 import json
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import confluent_kafka
-import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 
 from agentledger import errors
 from agentledger.kafka import batch
 from agentledger.kafka import topics as kafka_topics
-from agentledger.telemetry import metrics as telemetry_metrics
 from agentledger.testing.kafka_read import read_to_end
+from tests.helpers import Points
 from tests.stack import Stack
-
-
-@pytest.fixture
-def dead_letters(monkeypatch: pytest.MonkeyPatch) -> InMemoryMetricReader:
-    """``agentledger.dead_letters`` on a private provider, read back in memory (the global
-    provider can be set once per process)."""
-    real, reader = telemetry_metrics.dead_letters, InMemoryMetricReader()
-    meter = MeterProvider(metric_readers=[reader], shutdown_on_exit=False).get_meter("t")
-    monkeypatch.setattr(telemetry_metrics, "dead_letters", telemetry_metrics.Counter(
-        meter, real.name, unit=real.unit, description=real.description, labels=real.declared))
-    return reader
-
-
-def _counted(reader: InMemoryMetricReader) -> dict[tuple[tuple[str, Any], ...], int | float]:
-    data = reader.get_metrics_data()
-    return {tuple(sorted((p.attributes or {}).items())): p.value
-            for rm in (data.resource_metrics if data else ()) for sm in rm.scope_metrics
-            for m in sm.metrics for p in m.data.data_points if isinstance(p, NumberDataPoint)}
 
 
 def _topic(stack: Stack, partitions: int) -> str:
@@ -113,7 +92,8 @@ async def test_a_retryable_record_is_redelivered_alone_and_every_answer_leaves_o
 
 
 async def test_poison_goes_to_the_dead_letter_topic_alone_and_the_partition_moves_on(
-        stack: Stack, dead_letters: InMemoryMetricReader) -> None:
+        stack: Stack, recorded: Callable[[str], Points]) -> None:
+    dead_letters = recorded("dead_letters")
     topic, group = _topic(stack, 1), f"g-{uuid.uuid4().hex}"
     _produce(stack, topic, [(0, b'{"name": "ok0"}', []), (0, b"\x00{not json", []),
                             (0, b'{"name": "bad-header"}', [("traceparent", b"\xfe\xff")]),
@@ -133,4 +113,4 @@ async def test_poison_goes_to_the_dead_letter_topic_alone_and_the_partition_move
     dead = [json.loads(r.value()) for r in read_to_end(stack.kafka_bootstrap, [topic.removesuffix(".v1") + ".dlq.v1"])]
     assert sorted((d["offset"], d["error_code"]) for d in dead) == [(1, "poison_message"), (2, "poison_message")]
     # One count per delivered dead letter; a test topic is of no known family.
-    assert _counted(dead_letters) == {(("outcome", "poison_message"), ("topic.family", "other")): 2}
+    assert dead_letters() == {(("outcome", "poison_message"), ("topic.family", "other")): 2}

@@ -10,7 +10,6 @@ shadow, without an envelope, planned on the evidence production retrieved (read 
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from typing import Any, cast
 from uuid import UUID
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from faststream.confluent import KafkaBroker
 
 from agentledger import identity
@@ -28,7 +27,7 @@ from agentledger.evals import shadow, shadow_contract
 from agentledger.planning import adapters, proposer, retrieval
 from agentledger.policy import allowlist
 from agentledger.services.planner import handlers
-from agentledger.testing import identities
+from agentledger.testing import identities, kafka_read
 from tests.helpers import assert_eventually
 from tests.stack import Stack
 
@@ -67,25 +66,8 @@ SCRIPT = [
 
 
 def read_all(bootstrap: str, topic: str) -> list[dict[str, Any]]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False})
-    try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        found: list[dict[str, Any]] = []
-        remaining = {p for p, end in ends.items() if end > 0}
-        deadline = time.monotonic() + 30
-        while remaining and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None or msg.error() is not None:
-                continue
-            found.append(json.loads(msg.value()))
-            if msg.offset() + 1 >= ends[msg.partition()]:
-                remaining.discard(msg.partition())
-        return found
-    finally:
-        consumer.close()
+    """Every record of a topic up to its current end, decoded."""
+    return [json.loads(m.value() or b"null") for m in kafka_read.read_to_end(bootstrap, [topic])]
 
 
 @dataclass

@@ -20,45 +20,17 @@ from typing import Any
 
 import confluent_kafka
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 
 from agentledger import errors
 from agentledger.connectors import base
 from agentledger.executor import dispatcher, reconciler
 from agentledger.kafka import batch, handling
 from agentledger.ledger import dispatch, repository
-from agentledger.telemetry import metrics as telemetry_metrics
-
-Points = Callable[[], dict[frozenset[tuple[str, str]], int]]
+from tests.helpers import Points
 
 
-@pytest.fixture
-def recorded(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Points]:
-    """``recorded("dead_letters")``: a reader of that counter's points, by label set."""
-
-    def swap(attribute: str) -> Points:
-        real: telemetry_metrics.Counter = getattr(telemetry_metrics, attribute)
-        reader = InMemoryMetricReader()
-        meter = MeterProvider(metric_readers=[reader], shutdown_on_exit=False).get_meter("t")
-        monkeypatch.setattr(telemetry_metrics, attribute, telemetry_metrics.Counter(
-            meter, real.name, unit=real.unit, description=real.description,
-            labels=real.declared))
-
-        def points() -> dict[frozenset[tuple[str, str]], int]:
-            data = reader.get_metrics_data()
-            found = [m for rm in (data.resource_metrics if data else ())
-                     for sm in rm.scope_metrics for m in sm.metrics if m.name == real.name]
-            return {frozenset((k, str(v)) for k, v in (p.attributes or {}).items()): int(p.value)
-                    for m in found for p in m.data.data_points if isinstance(p, NumberDataPoint)}
-
-        return points
-
-    return swap
-
-
-def _labels(**values: str) -> frozenset[tuple[str, str]]:
-    return frozenset(values.items())
+def _labels(**values: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(values.items()))
 
 
 # ----------------------------------------------------------------------------- dead letters
