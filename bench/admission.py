@@ -22,13 +22,12 @@ from contextlib import asynccontextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 
-from agentledger import admission, crypto
+from agentledger import admission, crypto, db
 from agentledger.contracts.proposals import ProposalV1
-from agentledger.ledger import keys, repository
+from agentledger.ledger import keys
 from agentledger.policy import allowlist
 from agentledger.policy import repository as policy_repo
 from agentledger.resources import MappingResolver
@@ -53,16 +52,13 @@ async def admitter(url: str, pool_size: int) -> AsyncIterator[tuple[admission.Ad
     """An ``Admitter`` as the service builds it (acting as ``agentledger_admission``, the
     pool without a reset round trip), over ``TENANTS`` warmed tenants with their principals;
     the target resolved from memory. Yields it and the tenants."""
-    async def as_admission(conn: asyncpg.Connection) -> None:
-        await conn.execute('SET ROLE "agentledger_admission"')
-
     tenants = [uuid.uuid4() for _ in range(TENANTS)]
     for t in tenants:
         await identities.put_principals(url, t, identities.DEFAULT_PRINCIPALS)
     rules = allowlist.Allowlist.load()
     master = crypto.MasterKey.from_b64(base64.b64encode(os.urandom(32)).decode())
-    pool = await asyncpg.create_pool(url, min_size=pool_size, max_size=pool_size,
-                                     init=as_admission, reset=repository.keep_session)
+    pool = await db.create_pool(url, role="agentledger_admission", size=pool_size,
+                                min_size=pool_size)
     try:
         admitter = admission.Admitter(
             pool=pool, allowlist=rules,
