@@ -326,6 +326,23 @@ $$;
 ALTER FUNCTION public.agentledger_stranded_pending_v2(max_rows integer, older_than interval) OWNER TO agentledger_sweeper;
 
 --
+-- Name: agentledger_unknown_backlog_v1(); Type: FUNCTION; Schema: public; Owner: agentledger_sweeper
+--
+
+CREATE FUNCTION public.agentledger_unknown_backlog_v1() RETURNS TABLE(connector text, commands bigint, oldest_age_s double precision)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public'
+    AS $$
+  SELECT c.connector, count(*),
+         greatest(extract(epoch FROM now() - min(c.updated_at)), 0)::double precision
+  FROM public.agent_command c
+  WHERE c.state = 'unknown'
+  GROUP BY c.connector
+$$;
+
+ALTER FUNCTION public.agentledger_unknown_backlog_v1() OWNER TO agentledger_sweeper;
+
+--
 -- Name: agentledger_xid_visible(bigint); Type: FUNCTION; Schema: public
 --
 
@@ -1211,6 +1228,13 @@ GRANT ALL ON FUNCTION public.agentledger_needs_reconciliation_v3(max_rows intege
 
 REVOKE ALL ON FUNCTION public.agentledger_stranded_pending_v2(max_rows integer, older_than interval) FROM PUBLIC;
 GRANT ALL ON FUNCTION public.agentledger_stranded_pending_v2(max_rows integer, older_than interval) TO agentledger_reconciler;
+
+--
+-- Name: FUNCTION agentledger_unknown_backlog_v1(); Type: ACL; Schema: public; Owner: agentledger_sweeper
+--
+
+REVOKE ALL ON FUNCTION public.agentledger_unknown_backlog_v1() FROM PUBLIC;
+GRANT ALL ON FUNCTION public.agentledger_unknown_backlog_v1() TO agentledger_reconciler;
 
 --
 -- Name: TABLE agent_command; Type: ACL; Schema: public

@@ -64,7 +64,7 @@ class Reconciler:
         """One pass over every command that needs recovery; returns what was done.
 
         Pending approvals past their expiry are expired first (audited), so nobody can
-        approve them later (R2.3).
+        approve them later (R2.3). Last, the ``unknown`` backlog is counted for its gauges.
         """
         async with self.pool.acquire() as conn:
             expired = await approvals.expire_due(conn, limit=limit)
@@ -82,7 +82,16 @@ class Reconciler:
             except errors.StaleClaim:
                 done[item["operation_id"]] = "skipped"
         await self._republish_stranded(done, limit)
+        await self.count_unknown()
         return done
+
+    async def count_unknown(self) -> None:
+        """Count the ``unknown`` backlog per connector, across tenants, for the gauges the
+        alerts read (``agentledger.commands.unknown``, ``…unknown.oldest_age``): after the
+        sweep's recoveries, so a command settled by lookup is no longer counted."""
+        async with self.pool.acquire() as conn:
+            backlog = await dispatch.unknown_backlog(conn)
+        telemetry_metrics.unknown_backlog.update(backlog, served=self.connectors)
 
     async def _republish_stranded(self, done: dict[UUID, Action], limit: int) -> None:
         async with self.pool.acquire() as conn:

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 from uuid import UUID
 
 from agentledger import errors, sql
@@ -365,6 +365,24 @@ async def needs_reconciliation(
         rows = await tx.fetch(Q["needs_reconciliation"], limit, list(lookup_connectors),
                               max_generations)
     return [dict(r) for r in rows]
+
+
+class UnknownBacklog(NamedTuple):
+    """One connector's commands in state ``unknown``, across tenants."""
+
+    connector: str
+    commands: int
+    # Seconds since the oldest of them became ``unknown`` (its ``updated_at``, migration 0023).
+    oldest_age_s: float
+
+
+async def unknown_backlog(conn: Conn) -> list[UnknownBacklog]:
+    """Per connector that has any, how many commands are ``unknown`` now and how long ago
+    the oldest of them became so, across tenants (counts only; the reconciler's role)."""
+    async with repository.transaction(conn, None) as tx:
+        rows = await tx.fetch(Q["unknown_backlog"])
+    return [UnknownBacklog(r["connector"], int(r["commands"]), float(r["oldest_age_s"]))
+            for r in rows]
 
 
 async def expiry_reason(conn: Conn, tenant_id: UUID, decision_id: UUID) -> str:

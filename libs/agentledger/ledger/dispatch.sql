@@ -187,6 +187,11 @@ SELECT agentledger_end_leases_of_v2($1);
 SELECT tenant_id, operation_id, state, connector
 FROM agentledger_needs_reconciliation_v3($1, $2::text[], $3);
 
+-- name: unknown_backlog --
+-- Per connector, the commands in `unknown` now and the age in seconds of the oldest one's
+-- doubt, across tenants (counts only; see migration 0023). For the reconciler's gauges.
+SELECT connector, commands, oldest_age_s FROM agentledger_unknown_backlog_v1();
+
 -- name: resolve_unknown --
 -- An operator's resolution of an `unknown` command (R6.6): only from `unknown`.
 UPDATE agent_command

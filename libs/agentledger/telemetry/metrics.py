@@ -9,11 +9,11 @@ raises at the call site, so a test exercising the code finds it.
 from __future__ import annotations
 
 import re
-from collections.abc import Container
+from collections.abc import Container, Iterable
 from typing import Final
 
 from opentelemetry import metrics
-from opentelemetry.metrics import Meter
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 LABELS: Final = frozenset({"action", "connector", "state", "outcome", "stage", "topic.family"})
 # Allowlisted action names, connector names, states and outcome codes all fit; a UUID (has
@@ -83,6 +83,54 @@ class Histogram:
         self._histogram.record(amount, labels(self.name, self.declared, values))
 
 
+class UnknownBacklog:
+    """The ``unknown`` backlog per connector, as the reconciler last counted it: two
+    observable gauges read the snapshot ``update`` replaces once per sweep (the exporter's
+    callbacks never touch the database, and report nothing before the first count).
+
+    A connector the reconciler serves is reported even with nothing ``unknown`` (0 commands,
+    age 0), so an alert on it resolves once the backlog is settled; one it does not serve is
+    reported while it has ``unknown`` commands. Connector names outside the bounded shape
+    are reported together as ``other`` (counts summed, the oldest age kept).
+    """
+
+    def __init__(self, meter: Meter) -> None:
+        self.declared = ("connector",)
+        _check_names("agentledger.commands.unknown", self.declared)
+        self._counted: dict[str, tuple[int, float]] | None = None
+        meter.create_observable_gauge(
+            "agentledger.commands.unknown", callbacks=[self._observe_commands],
+            unit="{command}",
+            description="Commands in state `unknown` now, across tenants, by connector "
+                        "(counted by the reconciler once per sweep).")
+        meter.create_observable_gauge(
+            "agentledger.commands.unknown.oldest_age", callbacks=[self._observe_age],
+            unit="s",
+            description="Seconds since the oldest `unknown` command of a connector became "
+                        "`unknown` (0 with none), as of the reconciler's last sweep.")
+
+    def update(self, backlog: Iterable[tuple[str, int, float]], served: Iterable[str]) -> None:
+        """Replace the snapshot: ``backlog`` holds (connector, commands, oldest age in s) for
+        each connector with ``unknown`` commands; ``served`` are reported at 0 otherwise."""
+        counted: dict[str, tuple[int, float]] = {bounded(name): (0, 0.0) for name in served}
+        for name, commands, oldest_age_s in backlog:
+            label = bounded(name)
+            seen, oldest = counted.get(label, (0, 0.0))
+            counted[label] = (seen + commands, max(oldest, oldest_age_s))
+        # Replaced whole, in one assignment: the exporter's thread never sees a half-built one.
+        self._counted = counted
+
+    def _observe_commands(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(commands, labels("agentledger.commands.unknown", self.declared,
+                                             {"connector": name}))
+                for name, (commands, _age) in sorted((self._counted or {}).items())]
+
+    def _observe_age(self, _options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(age, labels("agentledger.commands.unknown.oldest_age",
+                                        self.declared, {"connector": name}))
+                for name, (_commands, age) in sorted((self._counted or {}).items())]
+
+
 # The global meter is a proxy until ``telemetry.setup`` installs a provider; instruments made
 # on it now start recording then (and are no-ops in a process that never sets one up).
 _meter = metrics.get_meter("agentledger")
@@ -124,3 +172,4 @@ retries_capped = Counter(
     _meter, "agentledger.retries.capped", unit="{command}",
     description="Commands held `unknown` for an operator at the cap of dispatch generations.",
     labels=("connector",))
+unknown_backlog = UnknownBacklog(_meter)
