@@ -52,9 +52,18 @@ def test_lag_histogram_has_bounded_labels_and_wal_gauge_is_reported(
         assert wait_until(lambda: ledger.outbox_count(relay.database_url) == 0, timeout=30)
 
         lag = {tuple(sorted(p.attributes.items())): p for p in _points(reader, metrics.LAG)}
-        assert lag[(("topic.family", "exec"),)].count == 20
-        # Admission's command.admitted event per command, and ours.
-        assert lag[(("topic.family", "audit"),)].count == 21
+        assert set(lag) == {(("topic.family", "exec"),), (("topic.family", "audit"),)}
+        # One observation per acknowledged publish: 20 commands, and admission's
+        # command.admitted event per command plus ours. A session the relay reset (it does on
+        # a phantom acknowledgement, see publisher._phantom) republishes from the slot's
+        # confirmed position, at least once, and each of those acknowledgements counts too.
+        exact = running.sessions_started == 1
+        exec_count = lag[(("topic.family", "exec"),)].count
+        audit_count = lag[(("topic.family", "audit"),)].count
+        if exact:
+            assert (exec_count, audit_count) == (20, 21)
+        else:
+            assert exec_count >= 20 and audit_count >= 21, (running.sessions_started, exec_count)
         assert 0 <= lag[(("topic.family", "exec"),)].max < 30_000  # milliseconds
         assert wait_until(lambda: bool(_points(reader, metrics.RETAINED_WAL)), timeout=10)
         wal = _points(reader, metrics.RETAINED_WAL)[0]
