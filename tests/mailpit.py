@@ -18,7 +18,7 @@ import httpx
 from agentledger import settings
 from agentledger.testing import smtp_fault
 from agentledger.testing.polling import wait_until
-from agentledger.testing.processes import free_port
+from agentledger.testing.processes import free_port, terminate
 
 __all__ = ["AnswerLost", "Mailpit", "binary", "free_port", "running"]
 
@@ -70,12 +70,7 @@ def running(*args: str) -> Iterator[Mailpit]:
                 "Mailpit did not answer:\n" + (Path(home) / "mailpit.log").read_text())
             yield found
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+            terminate(proc, grace=10)
             log.close()
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from agentledger import settings
 from agentledger.testing.polling import wait_until
-from agentledger.testing.processes import free_port
+from agentledger.testing.processes import free_port, terminate
 
 CONFIG = settings.REPO_ROOT / "deploy" / "local" / "jaeger.yaml"
 START_TIMEOUT_S = 60.0
@@ -111,9 +111,4 @@ def running() -> Iterator[Jaeger]:
                     "Jaeger did not become healthy:\n" + log_path.read_text(errors="replace"))
                 yield found
             finally:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
+                terminate(proc, grace=10)

@@ -66,6 +66,18 @@ def _tail(log: Path, lines: int) -> str:
 # --- child processes -------------------------------------------------------------------------
 
 
+def terminate(proc: subprocess.Popen[bytes], grace: float = STOP_TIMEOUT_S) -> None:
+    """Stop a child we started: SIGTERM (a graceful shutdown), SIGKILL after ``grace``."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
 class Service:
     """A running child process; its output goes to ``log``."""
 
@@ -92,13 +104,8 @@ class Service:
             self.proc.wait(timeout=30)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        if self.proc is not None:
+            terminate(self.proc)
 
     def tail(self, n: int = 40) -> str:
         return _tail(self.log, n)
