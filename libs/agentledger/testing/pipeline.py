@@ -241,6 +241,14 @@ def _delete_topics(bootstrap: str, ns: str) -> None:
     testing_ledger.delete_namespace_topics(AdminClient({"bootstrap.servers": bootstrap}), ns)
 
 
+def _front_door(prefix: str, port: int, sessions: SessionIssuer) -> dict[str, str]:
+    """The console's and ingress' shared settings: where they listen, whose sessions count."""
+    return {f"{prefix}PORT": str(port),
+            f"{prefix}SESSION_KEYS": json.dumps({sessions.kid: sessions.public_pem}),
+            f"{prefix}SESSION_ISSUER": sessions.issuer,
+            f"{prefix}SESSION_AUDIENCE": sessions.audience}
+
+
 @contextmanager
 def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Path,
              *, executor_env: dict[str, str] | None = None,
@@ -336,11 +344,7 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
             port = processes.free_port()
             p.console_url = f"http://127.0.0.1:{port}"
             start("console", "agentledger.services.console", {
-                "AGENTLEDGER_CONSOLE_PORT": str(port),
-                "AGENTLEDGER_CONSOLE_SESSION_KEYS": json.dumps(
-                    {p.sessions.kid: p.sessions.public_pem}),
-                "AGENTLEDGER_CONSOLE_SESSION_ISSUER": p.sessions.issuer,
-                "AGENTLEDGER_CONSOLE_SESSION_AUDIENCE": p.sessions.audience,
+                **_front_door("AGENTLEDGER_CONSOLE_", port, p.sessions),
                 "AGENTLEDGER_CONSOLE_CRM_URL": crm.url,
                 "AGENTLEDGER_CONSOLE_CRM_READ_TOKENS": json.dumps(read_tokens),
                 "AGENTLEDGER_CONSOLE_COOKIE_SECURE": "false"},
@@ -350,11 +354,7 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
             port = processes.free_port()
             p.ingress_url = f"http://127.0.0.1:{port}"
             start("ingress", "agentledger.services.ingress", {
-                "AGENTLEDGER_INGRESS_PORT": str(port),
-                "AGENTLEDGER_INGRESS_SESSION_KEYS": json.dumps(
-                    {p.sessions.kid: p.sessions.public_pem}),
-                "AGENTLEDGER_INGRESS_SESSION_ISSUER": p.sessions.issuer,
-                "AGENTLEDGER_INGRESS_SESSION_AUDIENCE": p.sessions.audience,
+                **_front_door("AGENTLEDGER_INGRESS_", port, p.sessions),
                 # Signs with the key admission trusts (tests.integration.identities).
                 "AGENTLEDGER_INGRESS_ENVELOPE_KEY": identities.PRIVATE_PEM,
                 "AGENTLEDGER_INGRESS_ENVELOPE_KID": identities.KID,
