@@ -30,7 +30,6 @@ from agentledger.policy import repository as policy_repo
 
 log = logging.getLogger(__name__)
 
-# The Cedar action a denial is asked as (the approval's is cedar's own ``approve``).
 # Roles that may read and decide requests: the one list, which the Cedar permits of
 # ``approve`` and ``deny`` must name too (tests/unit/test_approval_rules.py checks it).
 APPROVING_ROLES: Final = policy_repo.APPROVING_ROLES
@@ -55,25 +54,19 @@ async def arguments(conn: ledger.Conn, cipher: keys.PayloadCipher, a: approvals.
     return value if isinstance(value, dict) else None
 
 
-def deny_decision(policy: cedar.CedarPolicy, denier: cedar.Principal, *, tenant_id: UUID,
-                  action: str, risk: str, connector: str, resource_id: str
-                  ) -> cedar.CedarDecision:
-    """Cedar's answer to "may ``denier`` deny this tenant's request?" (allow or deny)."""
-    return policy.may_deny(denier, tenant_id=tenant_id, action=action, risk=risk,
-                           connector=connector, resource_id=resource_id)
-
-
 async def may_deny(conn: ledger.Conn, authorizer: policy_repo.CedarAuthorizer, *,
                    approver_id: str, pending: approvals.Approval) -> cedar.CedarDecision:
-    """:func:`deny_decision` for ``approver_id`` as the principal directory has them now."""
+    """Cedar's answer to "may ``approver_id`` deny this request?" (:meth:`CedarPolicy.may_deny`)
+    for the principal as the directory has them now."""
     directory = policy_repo.PostgresPrincipalDirectory(conn)
     denier = await directory.lookup(pending.tenant_id, approver_id)
     if denier is None:
         return cedar.CedarDecision("deny", authorizer.version,
                                    f"{pending.action}: denier unknown here")
-    return deny_decision(authorizer.policy, denier, tenant_id=pending.tenant_id,
-                         action=pending.action, risk=pending.risk,
-                         connector=pending.connector, resource_id=pending.resource_id)
+    return authorizer.policy.may_deny(denier, tenant_id=pending.tenant_id,
+                                      action=pending.action, risk=pending.risk,
+                                      connector=pending.connector,
+                                      resource_id=pending.resource_id)
 
 
 async def decide(
