@@ -14,6 +14,9 @@ command -v psql >/dev/null || missing+=(postgresql-client)
 python3 -c "import venv, ensurepip" 2>/dev/null || missing+=(python3-venv)
 # The browser tests drive Debian's Chromium (never a downloaded browser build).
 [ -x /usr/bin/chromium ] || missing+=(chromium fonts-dejavu-core fonts-liberation)
+# jaeger.sh: its health probe (curl) and its UI archive (tar -J needs xz).
+command -v curl >/dev/null || missing+=(curl)
+command -v xz >/dev/null || missing+=(xz-utils)
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing system packages: ${missing[*]}"
   $SUDO apt-get update -qq

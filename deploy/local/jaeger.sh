@@ -48,7 +48,10 @@ install() {
   # Jaeger's go.mod has replace directives, which `go install pkg@version` refuses: build it
   # as a tool of a scratch module instead (`go get -tool`), as the module's docs advise.
   build="$(mktemp -d)"
+  # `go get -tool` needs a module at go >= 1.24: state the version Jaeger's go.mod asks for,
+  # so an older Go that can switch (>= 1.21) fetches that toolchain instead of refusing.
   (cd "$build" && "$go" mod init agentledger.local/jaeger >/dev/null 2>&1 \
+    && "$go" mod edit -go=1.24.0 \
     && "$go" get -tool "github.com/jaegertracing/jaeger/cmd/jaeger@$VERSION" >&2 \
     && "$go" build -o "$build/jaeger" github.com/jaegertracing/jaeger/cmd/jaeger >&2)
   mkdir -p "$LOCAL/bin"

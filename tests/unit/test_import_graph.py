@@ -99,12 +99,28 @@ def _under(name: str, *roots: str) -> bool:
 
 
 def _service(name: str) -> str | None:
+    """The service a module belongs to; ``""`` for the shells' shared ``services`` package."""
     parts = name.split(".")
-    if parts[:2] == ["agentledger", "services"] and len(parts) > 2:
-        return parts[2]
-    if parts[0] == "services" and len(parts) > 1:
-        return parts[1]
+    if parts[:2] == ["agentledger", "services"]:
+        return parts[2] if len(parts) > 2 else ""
+    if parts[0] == "services":
+        return parts[1] if len(parts) > 1 else ""
     return None
+
+
+def _library_violations(name: str, deps: set[str]) -> list[str]:
+    """What a library module may not import: any service (or the shells' shared package),
+    test support, bench, the demo."""
+    return sorted(dep for dep in deps if _service(dep) is not None
+                  or _under(dep, "agentledger.testing", *FOREIGN))
+
+
+def _service_violations(name: str, deps: set[str]) -> list[str]:
+    """What a service may not import: another service, test support, bench, the demo. The
+    shells' shared package (``agentledger.services``) is theirs to use."""
+    own = _service(name)
+    return sorted(dep for dep in deps if _service(dep) not in (None, "", own)
+                  or _under(dep, "agentledger.testing", *FOREIGN))
 
 
 MODULES = _modules()
@@ -130,18 +146,14 @@ def test_no_cycle() -> None:
 
 
 def test_the_library_imports_no_service_test_bench_demo_or_kit() -> None:
-    bad = {name: sorted(dep for dep in deps
-                        if _service(dep) or _under(dep, "services", "agentledger.testing", *FOREIGN))
-           for name, deps in GRAPH.items()
-           if not _service(name) and not _under(name, "agentledger.testing")}
+    bad = {name: _library_violations(name, deps) for name, deps in GRAPH.items()
+           if _service(name) is None and not _under(name, "agentledger.testing")}
     assert {k: v for k, v in bad.items() if v} == {}
 
 
 def test_no_service_imports_another_or_test_support() -> None:
-    bad = {name: sorted(dep for dep in deps
-                        if (_service(dep) not in (None, _service(name)))
-                        or _under(dep, "agentledger.testing", *FOREIGN))
-           for name, deps in GRAPH.items() if _service(name)}
+    bad = {name: _service_violations(name, deps) for name, deps in GRAPH.items()
+           if _service(name) is not None}
     assert {k: v for k, v in bad.items() if v} == {}
 
 
@@ -159,12 +171,19 @@ def test_shared_support_does_not_reach_into_tests(root: str) -> None:
 
 
 def test_the_checker_sees_a_backward_import(tmp_path: Path) -> None:
-    """The rules fire on a planted violation (so an empty answer above means something)."""
+    """The rules fire on planted violations (so an empty answer above means something)."""
     planted = tmp_path / "planted.py"
-    planted.write_text("from agentledger.services.admission import app\n"
+    planted.write_text("from agentledger import services\n"
+                       "from agentledger.services.admission import app\n"
                        "def f():\n    from tests import helpers\n"
                        "from typing import TYPE_CHECKING\n"
                        "if TYPE_CHECKING:\n    import bench\n")
     deps = _imports("agentledger.planted", planted, False, KNOWN)
-    assert "agentledger.services.admission.app" in deps and "tests.helpers" not in KNOWN
-    assert _under("tests", "tests") and "tests" in deps and "bench" not in deps
+    assert {"agentledger.services", "agentledger.services.admission.app", "tests"} <= deps
+    assert "bench" not in deps  # under TYPE_CHECKING: never runs
+    assert _library_violations("agentledger.planted", deps) == [
+        "agentledger.services", "agentledger.services.admission.app", "tests"]
+    # A service may use the shells' shared package, not another service.
+    assert _service_violations("agentledger.services.executor.app", deps) == [
+        "agentledger.services.admission.app", "tests"]
+    assert _service_violations("agentledger.services.admission.handlers", deps) == ["tests"]

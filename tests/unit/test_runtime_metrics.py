@@ -334,6 +334,6 @@ async def test_the_executor_counts_a_retry_cap_once_with_its_connector(
     worker = dispatcher.Dispatcher(
         pool=_Pool(), connectors={}, credentials=None, cipher=None,  # type: ignore[arg-type]
         authorizer=None, allowlist=None, worker_id="w1")  # type: ignore[arg-type]
-    state = await worker.record(held, base.NotSent("connection refused"))
+    state = await worker.record(held, base.NotSent("connection refused"), connector="crm")
     assert state == ("pending" if requeued == "requeued" else "unknown")
     assert capped() == ({_labels(connector="crm"): 1} if requeued == "capped" else {})

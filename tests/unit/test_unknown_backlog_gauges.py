@@ -27,10 +27,20 @@ OLDEST_AGE = "agentledger.commands.unknown.oldest_age"
 Read = Callable[[str], dict[str, float]]
 
 
-def _gauges() -> tuple[telemetry_metrics.UnknownBacklog, Read]:
+class _Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _gauges(clock: _Clock | None = None) -> tuple[telemetry_metrics.UnknownBacklog, Read]:
     reader = InMemoryMetricReader()
     meter = MeterProvider(metric_readers=[reader], shutdown_on_exit=False).get_meter("t")
-    gauges = telemetry_metrics.UnknownBacklog(meter)
+    gauges = telemetry_metrics.UnknownBacklog(meter, clock=clock or _Clock())
 
     def read(name: str) -> dict[str, float]:
         data = reader.get_metrics_data()
@@ -60,6 +70,19 @@ def test_the_callbacks_report_the_last_snapshot_and_zero_for_a_served_connector(
     assert read(OLDEST_AGE) == {"billing": 0.0, "crm": 0.0, "email": 12.0}
     gauges.update([], served=["crm", "billing"])
     assert read(COMMANDS) == {"billing": 0, "crm": 0}
+
+
+def test_the_age_keeps_growing_between_counts_and_while_sweeps_fail() -> None:
+    """The snapshot holds when the oldest was first sent, not its age then: a reconciler whose
+    sweeps stopped (database away, a crash loop) cannot freeze an old `unknown` below the
+    alert's threshold."""
+    clock = _Clock()
+    gauges, read = _gauges(clock)
+    gauges.update([dispatch.UnknownBacklog("crm", 2, 3600.0)], served=["crm"])
+    assert read(OLDEST_AGE) == {"crm": 3600.0}
+    clock.now += 4 * 3600  # four hours of failed sweeps: no update
+    assert read(OLDEST_AGE) == {"crm": 5 * 3600.0}
+    assert read(COMMANDS) == {"crm": 2}
 
 
 def test_a_connector_name_that_is_not_a_bounded_name_is_reported_as_other() -> None:

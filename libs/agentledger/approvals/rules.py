@@ -104,16 +104,11 @@ async def decide(
     bound = approve and bool(spec_now and spec_now.requires_revision)
     current_revision = await revision(pending) if bound else None
 
-    async def record(tx: ledger.Conn) -> None:
-        await policy_repo.record_decision(
-            tx, verdict, tenant_id=tenant_id, principal_id=approver_id, action=pending.action,
-            resource_id=pending.resource_id, operation_id=pending.operation_id,
-            stage="approval")
-
+    # ``approvals.decide`` records the verdict with the decision (or the refusal), once.
     decided, admitted = await approvals.decide(
         conn, tenant_id, approval_id, approver=approver_id, approve=approve,
         shown_hash=shown_hash, reason=reason, approver_decision=verdict,
-        current_revision=current_revision, requires_revision=bound, also=record)
+        current_revision=current_revision, requires_revision=bound)
     log.info("event=approval_decided tenant_id=%s approval_id=%s operation_id=%s state=%s "
              "decided_by=%s", tenant_id, approval_id, decided.operation_id, decided.state,
              approver_id)

@@ -232,7 +232,8 @@ class Dispatcher:
             raise errors.StaleClaim("the provider refused this claim's fencing token; no "
                                     "outcome is recorded", operation_id=str(held.operation_id),
                                     generation=held.generation)
-        return await self.record(held, result, traceparent=traceparent)
+        return await self.record(held, result, connector=row["connector"],
+                                 traceparent=traceparent)
 
     async def _refusal(
         self, conn: repository.Conn, row: asyncpg.Record, *, in_transaction: bool = False,
@@ -343,11 +344,12 @@ class Dispatcher:
         return result, first or Link(span.get_span_context(), {spans.LINK_REASON: "first_attempt"})
 
     async def record(
-        self, held: dispatch.Claim, result: base.Result | base.NotFound, *,
+        self, held: dispatch.Claim, result: base.Result | base.NotFound, *, connector: str,
         traceparent: str | None = None,
     ) -> str:
         """Record a call's result as the command's state, conditional on the claim.
-        Finalizes that overlap share a transaction (group commit)."""
+        Finalizes that overlap share a transaction (group commit). ``connector`` (the
+        command's) labels what is counted."""
         final: tuple[dispatch.FinalState, str | None, str | None] | None = None
         if isinstance(result, base.Applied):
             final = ("succeeded", result.receipt, None)
@@ -377,10 +379,8 @@ class Dispatcher:
                                                   delay_s=dispatch.backoff(held.generation))
                 state = "pending" if requeued == "requeued" else "unknown"
                 if requeued == "capped":
-                    # Rare (once per command at most): one read for its connector label.
-                    row = await repository.load_command(conn, held.tenant_id, held.operation_id)
                     telemetry_metrics.retries_capped.add(
-                        1, connector=telemetry_metrics.bounded(row["connector"]))
+                        1, connector=telemetry_metrics.bounded(connector))
                     log.warning("event=retry_capped operation_id=%s generation=%d",
                                 held.operation_id, held.generation)
         await faults.point("executor.after_receipt")

@@ -9,7 +9,8 @@ raises at the call site, so a test exercising the code finds it.
 from __future__ import annotations
 
 import re
-from collections.abc import Container, Iterable
+import time
+from collections.abc import Callable, Container, Iterable
 from typing import Final
 
 from opentelemetry import metrics
@@ -94,10 +95,12 @@ class UnknownBacklog:
     are reported together as ``other`` (counts summed, the oldest age kept).
     """
 
-    def __init__(self, meter: Meter) -> None:
+    def __init__(self, meter: Meter, clock: Callable[[], float] = time.monotonic) -> None:
         self.declared = ("connector",)
         _check_names("agentledger.commands.unknown", self.declared)
-        self._counted: dict[str, tuple[int, float]] | None = None
+        self._clock = clock
+        # connector → (commands, when the oldest was first sent on ``clock``, None with none)
+        self._counted: dict[str, tuple[int, float | None]] | None = None
         meter.create_observable_gauge(
             "agentledger.commands.unknown", callbacks=[self._observe_commands],
             unit="{command}",
@@ -106,17 +109,21 @@ class UnknownBacklog:
         meter.create_observable_gauge(
             "agentledger.commands.unknown.oldest_age", callbacks=[self._observe_age],
             unit="s",
-            description="Seconds since the oldest `unknown` command of a connector became "
-                        "`unknown` (0 with none), as of the reconciler's last sweep.")
+            description="Seconds since the oldest `unknown` command of a connector was first "
+                        "sent (0 with none); it keeps growing between sweeps, and while "
+                        "sweeps fail, so a stalled reconciler cannot hide an old one.")
 
     def update(self, backlog: Iterable[tuple[str, int, float]], served: Iterable[str]) -> None:
         """Replace the snapshot: ``backlog`` holds (connector, commands, oldest age in s) for
         each connector with ``unknown`` commands; ``served`` are reported at 0 otherwise."""
-        counted: dict[str, tuple[int, float]] = {bounded(name): (0, 0.0) for name in served}
+        now = self._clock()
+        counted: dict[str, tuple[int, float | None]] = {bounded(name): (0, None)
+                                                        for name in served}
         for name, commands, oldest_age_s in backlog:
             label = bounded(name)
-            seen, oldest = counted.get(label, (0, 0.0))
-            counted[label] = (seen + commands, max(oldest, oldest_age_s))
+            seen, since = counted.get(label, (0, None))
+            first = now - oldest_age_s
+            counted[label] = (seen + commands, first if since is None else min(since, first))
         # Replaced whole, in one assignment: the exporter's thread never sees a half-built one.
         self._counted = counted
 
@@ -126,9 +133,11 @@ class UnknownBacklog:
                 for name, (commands, _age) in sorted((self._counted or {}).items())]
 
     def _observe_age(self, _options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(age, labels("agentledger.commands.unknown.oldest_age",
-                                        self.declared, {"connector": name}))
-                for name, (_commands, age) in sorted((self._counted or {}).items())]
+        now = self._clock()
+        return [Observation(0.0 if since is None else max(now - since, 0.0),
+                            labels("agentledger.commands.unknown.oldest_age", self.declared,
+                                   {"connector": name}))
+                for name, (_commands, since) in sorted((self._counted or {}).items())]
 
 
 # The global meter is a proxy until ``telemetry.setup`` installs a provider; instruments made

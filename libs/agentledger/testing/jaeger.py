@@ -21,7 +21,7 @@ from typing import Any
 
 from agentledger import settings
 from agentledger.testing.polling import wait_until
-from agentledger.testing.processes import free_port, terminate
+from agentledger.testing.processes import free_ports, terminate
 
 CONFIG = settings.REPO_ROOT / "deploy" / "local" / "jaeger.yaml"
 START_TIMEOUT_S = 60.0
@@ -83,9 +83,9 @@ class Jaeger:
 @contextmanager
 def running() -> Iterator[Jaeger]:
     """A Jaeger of its own on free ports, stopped after."""
-    ports = {name: free_port() for name in (
+    ports = free_ports(dict.fromkeys((
         "JAEGER_UI_PORT", "JAEGER_OTLP_GRPC_PORT", "JAEGER_OTLP_HTTP_PORT", "JAEGER_HEALTH_PORT",
-        "JAEGER_QUERY_GRPC_PORT")}
+        "JAEGER_QUERY_GRPC_PORT")))
     env = {**os.environ, **{k: str(v) for k, v in ports.items()},
            "JAEGER_UI_ASSETS": str(ui_assets())}
     found = Jaeger(f"http://127.0.0.1:{ports['JAEGER_UI_PORT']}",

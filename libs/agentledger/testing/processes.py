@@ -58,6 +58,18 @@ def free_port(preferred: int | None = None) -> int:
     raise StartFailed("no free TCP port on 127.0.0.1")  # pragma: no cover - bind(0) succeeds
 
 
+def free_ports(preferred: Mapping[str, int | None]) -> dict[str, int]:
+    """A distinct free port per name (its preferred one when nothing listens there): ports
+    probed one by one may repeat, since each probe's socket is closed before the next."""
+    ports: dict[str, int] = {}
+    for name, want in preferred.items():
+        port = free_port(want)
+        while port in ports.values():
+            port = free_port()
+        ports[name] = port
+    return ports
+
+
 def _tail(log: Path, lines: int) -> str:
     text = log.read_text(errors="replace") if log.exists() else ""
     return "\n".join(text.splitlines()[-lines:])
