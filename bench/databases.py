@@ -10,16 +10,10 @@ from __future__ import annotations
 import asyncio
 import uuid
 from types import TracebackType
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg2
 
-from agentledger import migrations, settings
-
-
-def with_database(url: str, name: str) -> str:
-    """The same server URL pointing at another database."""
-    return urlunsplit(urlsplit(url)._replace(path="/" + name))
+from agentledger import db, migrations, settings
 
 
 def admin_exec(url: str, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
@@ -54,18 +48,18 @@ class Databases:
         """The migrated template's name (created on first use)."""
         if self._template is None:
             name = self._create("tmpl")
-            url = with_database(self.admin_url, name)
+            url = db.with_database(self.admin_url, name)
             asyncio.run(migrations.migrate(url, settings.REPO_ROOT / "migrations"))
             self._template = name
         return self._template
 
     def fresh(self, suffix: str) -> str:
         """URL of a new database with every migration applied."""
-        return with_database(self.admin_url, self._create(suffix, self.template()))
+        return db.with_database(self.admin_url, self._create(suffix, self.template()))
 
     def empty(self, suffix: str) -> str:
         """URL of a new, empty database (for the peer engine's own tables)."""
-        return with_database(self.admin_url, self._create(suffix))
+        return db.with_database(self.admin_url, self._create(suffix))
 
     def drop_all(self) -> None:
         """Drop leftover replication slots in our databases, then the databases."""

@@ -26,12 +26,11 @@ import threading
 import time
 import uuid
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg2
 from confluent_kafka.admin import AdminClient
 
-from agentledger import migrations, settings
+from agentledger import db, migrations, settings
 from agentledger.relay import options, stream
 from agentledger.testing import ledger as testing_ledger
 from bench import admission, procstats, stats
@@ -137,7 +136,7 @@ def run(*, seconds: float, rate: float, database_url: str | None = None) -> dict
     if database_url is None:
         name = f"al_bench_relay_{uuid.uuid4().hex[:8]}"
         _admin(common.database_url, f'CREATE DATABASE "{name}"')
-        url = urlunsplit(urlsplit(common.database_url)._replace(path="/" + name))
+        url = db.with_database(common.database_url, name)
     else:
         url = database_url
     tag = uuid.uuid4().hex[:8]

@@ -39,7 +39,7 @@ CURVE_SHARES = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 def proposal(tenant: str, customer: str, op: uuid.UUID) -> bytes:
     """One ``agent.proposals.v1`` record for a CRM note, as the planner would send it.
 
-    Signed with the test ingress key (``tests.integration.identities``), as ingress would.
+    Signed with the test ingress key (``agentledger.testing.identities``), as ingress would.
     """
     return json.dumps(identities.sign({
         "schema": "agentledger.proposal.v1", "proposal_id": str(uuid.uuid4()),

@@ -11,8 +11,6 @@ import contextlib
 import uuid
 from typing import Any, Literal
 
-import asyncpg
-
 from agentledger import db, operators
 from agentledger.executor import resolution
 from agentledger.ledger import resolutions
@@ -22,15 +20,9 @@ RECONCILER = "agentledger_reconciler"
 AUDITOR = "agentledger_auditor"
 
 
-async def _as(database_url: str, role: str) -> asyncpg.Connection:
-    conn = await asyncpg.connect(database_url)
-    await conn.execute(db.set_role_sql(role))
-    return conn
-
-
 async def unknown_commands(database_url: str, tenant: uuid.UUID) -> list[dict[str, Any]]:
     """The tenant's commands whose outcome is unknown, as ``reconcile list`` reads them."""
-    conn = await _as(database_url, RECONCILER)
+    conn = await db.connect(database_url, role=RECONCILER)
     try:
         return await resolutions.unknown_commands(conn, tenant)
     finally:
@@ -56,9 +48,9 @@ async def resolve(database_url: str, token: str, op: uuid.UUID, *,
         connectors = cfg.connectors()
         for connector in connectors.values():
             stack.push_async_callback(connector.aclose)
-        conn = await _as(database_url, RECONCILER)
+        conn = await db.connect(database_url, role=RECONCILER)
         stack.push_async_callback(conn.close)
-        directory = await _as(database_url, AUDITOR)
+        directory = await db.connect(database_url, role=AUDITOR)
         stack.push_async_callback(directory.close)
         return await resolution.resolve(
             conn, directory, session, op, outcome=outcome, reason=reason, receipt=receipt,

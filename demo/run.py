@@ -65,9 +65,8 @@ def _explain_one(world: launch.World, console: Console, title: str, op: str | No
 
 async def _explanation(world: launch.World, op: str) -> audit_explain.Explanation:
     """What ``agentledger explain`` answers, read the same way: as the auditor."""
-    conn = await asyncpg.connect(world.database_url)
+    conn = await db.connect(world.database_url, role="agentledger_auditor")
     try:
-        await conn.execute(db.set_role_sql("agentledger_auditor"))
         return await audit_explain.explain(conn, world.tenant, uuid.UUID(op))
     finally:
         await conn.close()

@@ -11,12 +11,11 @@ import os
 import re
 import subprocess
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg2  # type: ignore[import-untyped]
 from confluent_kafka.admin import AdminClient
 
-from agentledger import settings
+from agentledger import db, settings
 from agentledger.testing import processes
 
 HOME = settings.REPO_ROOT / ".local" / "demo"
@@ -80,12 +79,6 @@ def ensure_stack(database_url: str, bootstrap: str) -> bool:
     return True
 
 
-def with_database(url: str, name: str) -> str:
-    """``url`` pointing at database ``name``."""
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{name}"))
-
-
 def recreate_database(owner_url: str, name: str) -> str:
     """Drop ``name`` (and the replication slots on it) and create it empty; returns its URL."""
     if not re.fullmatch(r"[a-z][a-z0-9_]{0,62}", name):
@@ -102,7 +95,7 @@ def recreate_database(owner_url: str, name: str) -> str:
             cur.execute(f'CREATE DATABASE "{name}"')
     finally:
         conn.close()
-    return with_database(owner_url, name)
+    return db.with_database(owner_url, name)
 
 
 def delete_topics(bootstrap: str, prefix: str) -> int:

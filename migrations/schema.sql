@@ -334,7 +334,8 @@ CREATE FUNCTION public.agentledger_unknown_backlog_v1() RETURNS TABLE(connector 
     SET search_path TO 'pg_catalog', 'public'
     AS $$
   SELECT c.connector, count(*),
-         greatest(extract(epoch FROM now() - min(c.updated_at)), 0)::double precision
+         greatest(extract(epoch FROM now() - min(coalesce(c.dispatched_at, c.updated_at))), 0)
+           ::double precision
   FROM public.agent_command c
   WHERE c.state = 'unknown'
   GROUP BY c.connector

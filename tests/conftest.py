@@ -6,7 +6,6 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import psycopg2
@@ -15,6 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 
+from agentledger import db as agentledger_db
 from agentledger import migrations, settings
 from agentledger.telemetry import metrics as telemetry_metrics
 from tests import stack as stack_mod
@@ -43,12 +43,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
                                               for tier in sorted(_TIER_SECONDS)))
 
 
-def with_database(url: str, name: str) -> str:
-    """The same server URL pointing at another database."""
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path="/" + name))
-
-
 def _admin_exec(url: str, sql: str) -> None:
     conn = psycopg2.connect(url)
     conn.autocommit = True  # CREATE/DROP DATABASE cannot run inside a transaction
@@ -70,7 +64,7 @@ def template_database(stack: stack_mod.Stack) -> Iterator[str]:
     """A database with every migration applied, copied for each test module."""
     name = f"al_tmpl_{uuid.uuid4().hex[:12]}"
     _admin_exec(stack.database_url, f'CREATE DATABASE "{name}"')
-    url = with_database(stack.database_url, name)
+    url = agentledger_db.with_database(stack.database_url, name)
     asyncio.run(migrations.migrate(url, settings.REPO_ROOT / "migrations"))
     yield name
     _admin_exec(stack.database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -85,7 +79,7 @@ def make_database(stack: stack_mod.Stack, template_database: str) -> Iterator[Ca
         name = f"al_test_{uuid.uuid4().hex[:12]}"
         _admin_exec(stack.database_url, f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
         created.append(name)
-        return with_database(stack.database_url, name)
+        return agentledger_db.with_database(stack.database_url, name)
 
     yield make
     for name in created:

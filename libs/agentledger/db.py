@@ -1,15 +1,17 @@
-"""Connection pools the way every agentledger process opens them.
+"""Connections and pools the way every agentledger process opens them.
 
 Each service (and the CLI) used to build its asyncpg pool by hand, with the role switched by
 an f-string ``SET ROLE "{role}"``: a role name from configuration went into SQL unchecked,
 and each copy chose its own subset of the pool settings. One helper validates the role name
-and applies the same three settings everywhere.
+and applies the same three settings everywhere; :func:`connect` does the same for a single
+connection (the CLI, the demo, the test pipeline), so no caller writes ``SET ROLE`` itself.
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
@@ -38,6 +40,39 @@ def role_name(role: str) -> str:
 def set_role_sql(role: str) -> str:
     """The ``SET ROLE`` statement for a validated ``role`` (see :func:`role_name`)."""
     return f'SET ROLE "{role_name(role)}"'
+
+
+def with_database(url: str, name: str) -> str:
+    """``url`` (same server, same credentials) pointing at database ``name``.
+
+    Scratch, template and per-test databases are created through an administrative URL and
+    then used through this one.
+    """
+    return urlunsplit(urlsplit(url)._replace(path="/" + name))
+
+
+async def connect(url: str, *, role: str | None = None) -> asyncpg.Connection:
+    """One connection acting as ``role``: the single-connection face of :func:`create_pool`.
+
+    Args:
+        url: The PostgreSQL URL.
+        role: The group role to switch to, or ``None`` when the login already is it.
+
+    Raises:
+        errors.ConfigurationError: ``role`` is not a plain identifier (checked before any
+            connection is made).
+    """
+    statement = set_role_sql(role) if role else None
+    conn: asyncpg.Connection = await asyncpg.connect(url)
+    if statement is not None:
+        try:
+            await conn.execute(statement)
+        except BaseException:
+            # The caller never gets the connection, so nobody else can close it. terminate()
+            # is synchronous: it cannot hang on a dead server nor be cancelled half-way.
+            conn.terminate()
+            raise
+    return conn
 
 
 async def create_pool(

@@ -24,11 +24,10 @@ import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from agentledger import errors, settings
+from agentledger import db, errors, settings
 
 # Arbitrary but fixed: every runner of every version must contend on the same lock key.
 _LOCK_KEY = 0x6167_6C65_6467  # "agledg"
@@ -222,10 +221,6 @@ async def _pg_dump(dsn: str, pg_dump: str) -> str:
     return out.decode()
 
 
-def _with_database(dsn: str, name: str) -> str:
-    return urlunsplit(urlsplit(dsn)._replace(path="/" + name))
-
-
 def pg_dump_for(server_major: int) -> str:
     """The server's own major version of pg_dump when installed side by side (Debian's
     layout), else ``pg_dump`` on PATH: another major version dumps the same schema in other
@@ -251,7 +246,7 @@ async def fresh_schema(
             pg_dump = pg_dump_for(admin.get_server_version().major)
         await admin.execute(f'CREATE DATABASE "{name}"')  # name: generated, hex only
         try:
-            scratch = _with_database(server_dsn, name)
+            scratch = db.with_database(server_dsn, name)
             await migrate(scratch, directory)
             conn = await asyncpg.connect(scratch)
             try:

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 from playwright.sync_api import Browser, expect
 
+from agentledger import db
 from agentledger.audit import explain as audit_explain
 from agentledger.testing import jaeger as jaeger_kit
 from agentledger.testing.pipeline import Pipeline, pipeline
@@ -49,9 +49,8 @@ def traced(stack: Stack, database_url: str, make_database: Callable[[], str],
 
 def explained(p: Pipeline, op: uuid.UUID) -> audit_explain.Explanation:
     async def run() -> audit_explain.Explanation:
-        conn = await asyncpg.connect(p.database_url)
+        conn = await db.connect(p.database_url, role="agentledger_auditor")
         try:
-            await conn.execute("SET ROLE agentledger_auditor")
             return await audit_explain.explain(conn, uuid.UUID(p.tenant), op)
         finally:
             await conn.close()

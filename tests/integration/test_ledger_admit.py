@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 from agentledger.ledger import repository
-from tests.integration.ledger_factory import new_command
+from agentledger.testing.ledger import new_row as new_command
 
 
 async def _count(db: asyncpg.Connection, table: str, tenant: uuid.UUID, op: uuid.UUID) -> int:

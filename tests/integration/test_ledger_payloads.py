@@ -13,7 +13,7 @@ import pytest
 
 from agentledger import approvals, crypto, errors
 from agentledger.ledger import keys, repository
-from tests.integration.ledger_factory import new_command
+from agentledger.testing.ledger import new_row as new_command
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 
 from agentledger import errors
 from agentledger.ledger import repository
-from tests.integration.ledger_factory import new_command
+from agentledger.testing.ledger import new_row as new_command
 
 ROLES = ("agentledger_admission", "agentledger_executor", "agentledger_reconciler",
          "agentledger_relay", "agentledger_maintenance", "agentledger_auditor")

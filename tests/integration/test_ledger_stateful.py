@@ -16,7 +16,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 
 from agentledger import errors
 from agentledger.ledger import dispatch, repository, resolutions
-from tests.integration.ledger_factory import new_command
+from agentledger.testing.ledger import new_row as new_command
 
 FINAL = st.sampled_from(["succeeded", "denied", "expired", "unknown", "review_required"])
 

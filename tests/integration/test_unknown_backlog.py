@@ -1,7 +1,7 @@
 """The `unknown` backlog the alerts read (issue 23), counted on a real ledger.
 
 Commands are admitted in two tenants, put in `unknown` for two connectors (as the owner, with
-`updated_at` set back to arrange an age), and one reconciler sweep — acting as
+`dispatched_at` set back to arrange an age), and one reconciler sweep — acting as
 agentledger_reconciler, under row security — counts them across tenants through
 ``agentledger_unknown_backlog_v1`` (SECURITY DEFINER, migration 0023). The gauges are read
 through an in-memory reader; no other service role may call the function.
@@ -24,8 +24,8 @@ from agentledger.connectors import base
 from agentledger.executor import reconciler
 from agentledger.ledger import dispatch, repository
 from agentledger.telemetry import metrics as telemetry_metrics
+from agentledger.testing.ledger import new_row as new_command
 from tests.integration.conftest import AsRole
-from tests.integration.ledger_factory import new_command
 
 # Connectors without lookup: the sweep leaves their `unknown` commands to an operator, so it
 # changes none of the rows this test arranged and only counts them.
@@ -68,12 +68,14 @@ def _gauge(reader: InMemoryMetricReader, name: str) -> dict[str, float]:
 
 async def _unknown(db: asyncpg.Connection, tenant_id: uuid.UUID, connector: str,
                    age_s: float) -> uuid.UUID:
-    """A command of ``connector`` admitted for ``tenant_id``, `unknown` for ``age_s`` seconds."""
+    """A command of ``connector`` admitted for ``tenant_id``, first sent ``age_s`` seconds ago
+    and `unknown` since a moment ago (a take-over rewrote ``updated_at``: the age ignores it)."""
     cmd = new_command(tenant_id, connector=connector, action=_ACTIONS[connector])
     assert (await repository.admit(db, cmd)).status == "admitted"
     await db.execute(
         "UPDATE agent_command SET state = 'unknown', fencing_generation = 1, "
-        "updated_at = now() - make_interval(secs => $2) WHERE operation_id = $1",
+        "dispatched_at = now() - make_interval(secs => $2), updated_at = now() "
+        "WHERE operation_id = $1",
         cmd.operation_id, age_s)
     return cmd.operation_id
 

@@ -6,7 +6,6 @@ import asyncio
 import uuid
 from typing import Annotated
 
-import asyncpg
 import typer
 from rich.console import Console
 
@@ -24,9 +23,8 @@ def explain(
     """What was proposed, permitted, attempted and is known for one operation (audit ledger)."""
 
     async def run() -> audit_explain.Explanation:
-        conn = await asyncpg.connect(settings.load().database_url)
+        conn = await db.connect(settings.load().database_url, role="agentledger_auditor")
         try:
-            await conn.execute(db.set_role_sql("agentledger_auditor"))
             return await audit_explain.explain(conn, tenant, operation_id)
         finally:
             await conn.close()

@@ -22,9 +22,7 @@ console = Console()
 
 
 async def _as_role(role: str) -> asyncpg.Connection:
-    conn = await asyncpg.connect(settings.load().database_url)
-    await conn.execute(db.set_role_sql(role))
-    return conn
+    return await db.connect(settings.load().database_url, role=role)
 
 
 async def _as_reconciler() -> asyncpg.Connection:

@@ -372,7 +372,7 @@ class UnknownBacklog(NamedTuple):
 
     connector: str
     commands: int
-    # Seconds since the oldest of them became ``unknown`` (its ``updated_at``, migration 0023).
+    # Seconds since the oldest of them was first sent (its ``dispatched_at``, migration 0023).
     oldest_age_s: float
 
 

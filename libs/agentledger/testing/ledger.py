@@ -7,7 +7,8 @@ admission runs: the ledger row, its dispatch obligation in ``command_outbox`` an
 :func:`~agentledger.ledger.repository.append_event`. So what a relay test or the relay-lag
 figure measures is the product's SQL, never a hand-written copy of it that could drift.
 Only the policy (admission's checks, decision record and budget) is left out: a reader of
-the outbox never sees it.
+the outbox never sees it. :func:`new_row` is the row itself, for tests of the repository that
+admit it their own way (replays, conflicts, row-level security).
 
 :class:`Ledger` is the synchronous face (tests drive the relay from threads); :func:`admit`
 and :func:`add_event` are the coroutines it runs.
@@ -37,6 +38,10 @@ CONNECTORS = ("crm", "billing", "shipping")
 _CIPHERTEXT = b"\x00" * 16
 # Far enough that nothing expires while a test runs (admission's own TTLs are shorter).
 _COMMAND_TTL = timedelta(hours=1)
+# Who asked, and the resource written: fixed, since no reader of a test row acts on them.
+_PRINCIPAL, _TARGET = "user-1", "res-1"
+# A row built without a trace still carries a well-formed one, as admission always writes one.
+_TRACEPARENT = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
 
 _IDS = """
 SELECT (SELECT id FROM command_outbox WHERE tenant_id = $1 AND operation_id = $2),
@@ -76,19 +81,41 @@ def new_command(tenant: uuid.UUID, connector: str, tracestate: str | None = None
     return Command(tenant, uuid.uuid4(), connector, tracestate=tracestate)
 
 
-def _new(command: Command) -> repository.NewCommand:
-    action, target = f"{command.connector}.note.create", "res-1"
+def new_row(
+    tenant_id: uuid.UUID | None = None,
+    operation_id: uuid.UUID | None = None,
+    *,
+    body: str = "call back on Monday",
+    connector: str = "crm",
+    action: str | None = None,
+    traceparent: str = _TRACEPARENT,
+    tracestate: str | None = None,
+) -> repository.NewCommand:
+    """The row admission would write for one command, for tests that call the repository.
+
+    Args:
+        tenant_id: The tenant (a new one when not given).
+        operation_id: The operation (a new one when not given).
+        body: Part of the request hash: another body under the same operation conflicts.
+        connector: The connector the command is for.
+        action: The action (default ``<connector>.note.create``).
+        traceparent: The W3C trace context carried to the outbox.
+        tracestate: Its vendor state, if any.
+    """
+    tenant_id = tenant_id or uuid.uuid4()
+    operation_id = operation_id or uuid.uuid4()
+    action = action or f"{connector}.note.create"
     return repository.NewCommand(
-        tenant_id=command.tenant, operation_id=command.operation,
+        tenant_id=tenant_id, operation_id=operation_id,
         request_hash=canonical.request_hash(
-            tenant_id=command.tenant, principal_id="user-1", action=action, target=target,
-            arguments={"operation": str(command.operation)}, expected_revision=None),
-        principal_id="user-1", action=action, connector=command.connector,
-        resource_id=target, expected_revision=None, decision_id=uuid.uuid4(),
+            tenant_id=tenant_id, principal_id=_PRINCIPAL, action=action, target=_TARGET,
+            arguments={"operation": str(operation_id), "body": body}, expected_revision=None),
+        principal_id=_PRINCIPAL, action=action, connector=connector,
+        resource_id=_TARGET, expected_revision=None, decision_id=uuid.uuid4(),
         policy_version="p1", allowlist_version="a1",
         expires_at=datetime.now(UTC) + _COMMAND_TTL,
         payload_ciphertext=_CIPHERTEXT, payload_key_version=1,
-        traceparent=command.traceparent, tracestate=command.tracestate)
+        traceparent=traceparent, tracestate=tracestate)
 
 
 async def admit(conn: asyncpg.Connection, command: Command) -> Command:
@@ -98,7 +125,9 @@ async def admit(conn: asyncpg.Connection, command: Command) -> Command:
         The command with the ids of its outbox row and audit event.
     """
     async with repository.transaction(conn, command.tenant) as tx:
-        result = await repository.admit_in(tx, _new(command))
+        result = await repository.admit_in(tx, new_row(
+            command.tenant, command.operation, connector=command.connector,
+            traceparent=command.traceparent, tracestate=command.tracestate))
         assert result.status == "admitted", f"{command.key} was {result.status}"
         row = await tx.fetchrow(_IDS, command.tenant, command.operation)
     assert row is not None

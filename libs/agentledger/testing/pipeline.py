@@ -19,12 +19,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import psycopg2  # type: ignore[import-untyped]
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
-from agentledger import identity, logins
+from agentledger import db, identity, logins
 from agentledger.testing import identities, processes
 from agentledger.testing import ledger as testing_ledger
 from agentledger.testing.crm import Crm, run_crm
@@ -197,11 +196,8 @@ async def _sweep_once(database_url: str, crm_url: str,
     from agentledger.connectors import base, crm
     from agentledger.executor import reconciler
 
-    async def as_reconciler(conn: asyncpg.Connection) -> None:
-        await conn.execute("SET ROLE agentledger_reconciler")
-
     connectors = crm.registry(crm_url)
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2, init=as_reconciler)
+    pool = await db.create_pool(database_url, role="agentledger_reconciler", size=2)
     try:
         worker = reconciler.Reconciler(pool=pool, connectors=connectors,
                                        credentials=base.Credentials("lookup", lookup_tokens),
@@ -218,9 +214,8 @@ async def _approve(database_url: str, tenant: uuid.UUID, op: uuid.UUID, approver
     from agentledger.policy import allowlist
     from agentledger.policy import repository as policy_repo
 
-    conn = await asyncpg.connect(database_url)
+    conn = await db.connect(database_url, role="agentledger_admission")
     try:
-        await conn.execute("SET ROLE agentledger_admission")
         pending = [a for a in await approvals.listing(conn, tenant) if a.operation_id == op]
         assert pending, "no pending approval for this operation"
         request = pending[0]
@@ -304,9 +299,10 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
         def start(name: str, module: str, own: dict[str, str], ready: Any,
                   timeout: float = 90) -> None:
             login = login_urls.get(name.split("-")[0])
-            db = {"AGENTLEDGER_DATABASE_URL": login} if login else {}
+            as_login = {"AGENTLEDGER_DATABASE_URL": login} if login else {}
             p.services[name] = stack.enter_context(processes.running(
-                module, {**common, **db, **own, **(env or {}).get(name, {})}, logs / f"{name}.log",
+                module, {**common, **as_login, **own, **(env or {}).get(name, {})},
+                logs / f"{name}.log",
                 ready=ready, timeout=timeout, prefix=(prefix or {}).get(name, ())))
             p.ready[name] = ready
 
@@ -355,7 +351,7 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
             p.ingress_url = f"http://127.0.0.1:{port}"
             start("ingress", "agentledger.services.ingress", {
                 **_front_door("AGENTLEDGER_INGRESS_", port, p.sessions),
-                # Signs with the key admission trusts (tests.integration.identities).
+                # Signs with the key admission trusts (agentledger.testing.identities).
                 "AGENTLEDGER_INGRESS_ENVELOPE_KEY": identities.PRIVATE_PEM,
                 "AGENTLEDGER_INGRESS_ENVELOPE_KID": identities.KID,
                 "AGENTLEDGER_INGRESS_REQUESTS_TOPIC": p.topic("agent.requests.v1"),
