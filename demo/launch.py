@@ -134,17 +134,6 @@ def prepare(opts: Options, step: Step) -> tuple[str, str, str]:
     return ledger_url, crm_url, f"{opts.prefix}.{secrets.token_hex(3)}."
 
 
-def _free_ports(preferred: dict[str, int | None]) -> dict[str, int]:
-    """A distinct free port per name (its preferred one when nothing listens there)."""
-    ports: dict[str, int] = {}
-    for name, want in preferred.items():
-        port = processes.free_port(want)
-        while port in ports.values():
-            port = processes.free_port()
-        ports[name] = port
-    return ports
-
-
 def _database(login_urls: dict[str, str], service: str) -> dict[str, str]:
     url = login_urls.get(service)
     return {"AGENTLEDGER_DATABASE_URL": url} if url else {}
@@ -159,7 +148,7 @@ def launch(opts: Options, step: Step) -> World:
     run_id = ns.rstrip(".").rsplit(".", 1)[1]
     tag = f"{opts.prefix}-{run_id}"
     admin_token = secrets.token_urlsafe(16)
-    ports = _free_ports({"crm": 8090, "ingress": 8080, "console": 8070, "model": 8099,
+    ports = processes.free_ports({"crm": 8090, "ingress": 8080, "console": 8070, "model": 8099,
                          "mailpit": 8025, "mailpit-smtp": 1025, "smtp-fault": None,
                          "smtp-control": None, "mcp": 8060})
     url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
