@@ -21,6 +21,9 @@ MAILPIT_BIN = settings.REPO_ROOT / ".local" / "bin" / "mailpit"
 # Where the e-mail connector's resolver lets mail go (every seeded customer is @example.com).
 EMAIL_DOMAINS = ["example.com"]
 EMAIL_SENDER = "assistant@acme.example"
+# The demo deployment's id: the e-mail connector derives its Message-ID domain from it, so its
+# lookup never finds another deployment's messages (issue 38).
+DEPLOYMENT_ID = "agentledger-demo"
 # The CRM stand-in's note API declared for agentledger-http (its shipped example).
 HTTP_ACTION = "crmhttp.note.create"
 

@@ -158,7 +158,8 @@ def launch(opts: Options, step: Step) -> World:
     # to the packaged ones. Every service reads the same configuration.
     email = {"smtp_host": "127.0.0.1", "smtp_port": ports["smtp-fault"],
              "sender": adoption.EMAIL_SENDER, "lookup_url": url["mailpit"],
-             "recipient_domains": adoption.EMAIL_DOMAINS}
+             "recipient_domains": adoption.EMAIL_DOMAINS,
+             "deployment_id": adoption.DEPLOYMENT_ID}
     base = {"AGENTLEDGER_KAFKA_BOOTSTRAP": bootstrap, "AGENTLEDGER_MASTER_KEY": keys.master_key_b64,
             "AGENTLEDGER_CONNECTORS": json.dumps({
                 **plugins.defaults(url["crm"]), "email": email,
@@ -233,6 +234,8 @@ def launch(opts: Options, step: Step) -> World:
             "AGENTLEDGER_RECONCILER_PERIOD_S": "1",
             "AGENTLEDGER_RECONCILER_LOOKUP_TOKENS": json.dumps(
                 {"crm": {str(t.tenant_id): t.tokens["lookup"] for t in (acme, globex)},
+                 # No lookup for refunds, but the fence a take-over advances (issue 37).
+                 "billing": {str(t.tenant_id): t.tokens["lookup"] for t in (acme, globex)},
                  "crmhttp": {str(t.tenant_id): t.tokens["lookup"] for t in (acme, globex)},
                  "email": email_tokens})},
         "planner": {

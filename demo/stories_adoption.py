@@ -15,6 +15,8 @@ from typing import Any, cast
 
 import httpx
 import httpx2
+from agentledger_email import deployment_domain
+from agentledger_email import message_id as email_message_id
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, RequestParamsMeta, TextContent
@@ -24,7 +26,7 @@ from rich.markup import escape
 from agentledger import client as gateway
 from agentledger.connectors import conformance, plugins
 from agentledger.mcp import idempotency
-from demo.adoption import EMAIL_DOMAINS, HTTP_ACTION, http_declaration
+from demo.adoption import DEPLOYMENT_ID, EMAIL_DOMAINS, HTTP_ACTION, http_declaration
 from demo.launch import World
 from demo.scenarios import OUTCOME_TIMEOUT_S, Story
 
@@ -36,8 +38,9 @@ MCP_CALLS = 3
 
 
 def message_id(operation_id: uuid.UUID | str) -> str:
-    """The Message-ID the e-mail connector gives a command's message (its operation id)."""
-    return f"{operation_id}@agentledger"
+    """The Message-ID the e-mail connector gives a command's message: its operation id, in
+    the demo deployment's own domain."""
+    return email_message_id(uuid.UUID(str(operation_id)), deployment_domain(DEPLOYMENT_ID))
 
 
 async def mailpit_messages(world: World, operation_id: uuid.UUID | str) -> list[dict[str, Any]]:

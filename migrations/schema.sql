@@ -286,6 +286,30 @@ END $$;
 ALTER FUNCTION public.agentledger_expire_approvals(max_rows integer) OWNER TO agentledger_sweeper;
 
 --
+-- Name: agentledger_late_applied_v1(integer); Type: FUNCTION; Schema: public; Owner: agentledger_sweeper
+--
+
+CREATE FUNCTION public.agentledger_late_applied_v1(max_rows integer) RETURNS TABLE(tenant_id uuid, operation_id uuid, state text, connector text)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public'
+    AS $$
+  -- From the attempts' partial index (late `applied` answers are rare), never a scan of
+  -- every command.
+  SELECT DISTINCT ON (c.updated_at, c.tenant_id, c.operation_id)
+         c.tenant_id, c.operation_id, c.state, c.connector
+  FROM public.command_attempt a
+  JOIN public.agent_command c ON c.tenant_id = a.tenant_id AND c.operation_id = a.operation_id
+  WHERE a.late_answer = 'applied'
+    AND (c.state <> 'succeeded' OR a.late_receipt IS DISTINCT FROM c.provider_receipt)
+    AND (c.state = 'unknown' OR (c.state NOT IN ('pending', 'dispatching')
+                                 AND c.contradicted_at IS NULL))
+  ORDER BY c.updated_at, c.tenant_id, c.operation_id
+  LIMIT max_rows
+$$;
+
+ALTER FUNCTION public.agentledger_late_applied_v1(max_rows integer) OWNER TO agentledger_sweeper;
+
+--
 -- Name: agentledger_needs_reconciliation_v3(integer, text[], integer); Type: FUNCTION; Schema: public; Owner: agentledger_sweeper
 --
 
@@ -391,7 +415,10 @@ CREATE TABLE public.agent_command (
     finished_at timestamp with time zone,
     shadow boolean DEFAULT false NOT NULL,
     retry_at timestamp with time zone,
+    contradicted_at timestamp with time zone,
+    contradiction text,
     CONSTRAINT agent_command_claim_complete CHECK (((state <> 'dispatching'::text) OR ((claim_token IS NOT NULL) AND (lease_until IS NOT NULL)))),
+    CONSTRAINT agent_command_contradiction_complete CHECK (((contradicted_at IS NULL) = (contradiction IS NULL))),
     CONSTRAINT agent_command_hash_len CHECK ((octet_length(request_hash) = 32)),
     CONSTRAINT agent_command_payload_kept_or_purged CHECK (((payload_ciphertext IS NULL) <> (payload_purged_at IS NULL))),
     CONSTRAINT agent_command_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'dispatching'::text, 'succeeded'::text, 'denied'::text, 'expired'::text, 'unknown'::text, 'review_required'::text, 'failed'::text]))),
@@ -564,8 +591,14 @@ CREATE TABLE public.command_attempt (
     detail text,
     traceparent text,
     sent_at timestamp with time zone,
+    late_answer text,
+    late_receipt text,
+    late_at timestamp with time zone,
     CONSTRAINT command_attempt_kind_check CHECK ((kind = ANY (ARRAY['dispatch'::text, 'lookup'::text, 'resend'::text]))),
-    CONSTRAINT command_attempt_result_check CHECK ((result = ANY (ARRAY['succeeded'::text, 'denied'::text, 'expired'::text, 'unknown'::text, 'review_required'::text, 'failed'::text, 'error'::text, 'abandoned'::text])))
+    CONSTRAINT command_attempt_late_answer_check CHECK ((late_answer = ANY (ARRAY['applied'::text, 'precondition_failed'::text, 'refused'::text, 'fenced'::text, 'not_sent'::text, 'in_doubt'::text]))),
+    CONSTRAINT command_attempt_late_applied_has_receipt CHECK (((late_answer IS DISTINCT FROM 'applied'::text) OR (late_receipt IS NOT NULL))),
+    CONSTRAINT command_attempt_late_complete CHECK (((late_answer IS NULL) = (late_at IS NULL))),
+    CONSTRAINT command_attempt_result_check CHECK ((result = ANY (ARRAY['succeeded'::text, 'denied'::text, 'expired'::text, 'unknown'::text, 'review_required'::text, 'failed'::text, 'error'::text, 'abandoned'::text, 'fenced'::text, 'late'::text])))
 );
 
 ALTER TABLE ONLY public.command_attempt FORCE ROW LEVEL SECURITY;
@@ -604,6 +637,7 @@ CREATE TABLE public.command_resolution (
     receipt text,
     reason text NOT NULL,
     evidence text,
+    provisional boolean DEFAULT false NOT NULL,
     CONSTRAINT command_resolution_check CHECK (((outcome <> 'succeeded'::text) OR (receipt IS NOT NULL))),
     CONSTRAINT command_resolution_outcome_check CHECK ((outcome = ANY (ARRAY['succeeded'::text, 'failed'::text])))
 );
@@ -843,6 +877,12 @@ CREATE UNIQUE INDEX budget_reservation_one_open_per_operation ON public.budget_r
 --
 
 CREATE INDEX command_attempt_by_command ON public.command_attempt USING btree (tenant_id, operation_id, started_at);
+
+--
+-- Name: command_attempt_late_applied; Type: INDEX; Schema: public
+--
+
+CREATE INDEX command_attempt_late_applied ON public.command_attempt USING btree (tenant_id, operation_id) WHERE (late_answer = 'applied'::text);
 
 --
 -- Name: policy_decision_by_operation; Type: INDEX; Schema: public
@@ -1217,6 +1257,13 @@ REVOKE ALL ON FUNCTION public.agentledger_expire_approvals(max_rows integer) FRO
 GRANT ALL ON FUNCTION public.agentledger_expire_approvals(max_rows integer) TO agentledger_reconciler;
 
 --
+-- Name: FUNCTION agentledger_late_applied_v1(max_rows integer); Type: ACL; Schema: public; Owner: agentledger_sweeper
+--
+
+REVOKE ALL ON FUNCTION public.agentledger_late_applied_v1(max_rows integer) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.agentledger_late_applied_v1(max_rows integer) TO agentledger_reconciler;
+
+--
 -- Name: FUNCTION agentledger_needs_reconciliation_v3(max_rows integer, lookup_connectors text[], max_generations integer); Type: ACL; Schema: public; Owner: agentledger_sweeper
 --
 
@@ -1345,6 +1392,20 @@ GRANT UPDATE(finished_at) ON TABLE public.agent_command TO agentledger_reconcile
 
 GRANT UPDATE(retry_at) ON TABLE public.agent_command TO agentledger_executor;
 GRANT UPDATE(retry_at) ON TABLE public.agent_command TO agentledger_reconciler;
+
+--
+-- Name: COLUMN agent_command.contradicted_at; Type: ACL; Schema: public
+--
+
+GRANT UPDATE(contradicted_at) ON TABLE public.agent_command TO agentledger_executor;
+GRANT UPDATE(contradicted_at) ON TABLE public.agent_command TO agentledger_reconciler;
+
+--
+-- Name: COLUMN agent_command.contradiction; Type: ACL; Schema: public
+--
+
+GRANT UPDATE(contradiction) ON TABLE public.agent_command TO agentledger_executor;
+GRANT UPDATE(contradiction) ON TABLE public.agent_command TO agentledger_reconciler;
 
 --
 -- Name: TABLE approval_request; Type: ACL; Schema: public

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import re
 import time
 import uuid
@@ -49,6 +50,9 @@ ENVELOPE_AUDIENCE: Final = "agentledger-admission"
 ENVELOPE_TTL_S: Final = 300
 # Clock skew tolerated between the identity provider, ingress and admission hosts.
 LEEWAY_S: Final = 30
+# Past this many seconds from the epoch an instant is nonsense (year ~5138): anything larger
+# would overflow a datetime and raise where a typed refusal belongs.
+MAX_INSTANT_S: Final = 10**11
 # The longest life a token may claim (exp - iat; exp - now without iat). A session token good
 # for a century is a password that cannot be revoked; a day covers any gateway session.
 MAX_SESSION_LIFETIME_S: Final = 24 * 3600
@@ -237,18 +241,29 @@ def _decode(token: object, keys: KeySet, *, audience: str, issuer: str,
         raise errors.IdentityRejected(f"token rejected: {type(exc).__name__}") from exc
     current = time.time() if now is None else now
     exp, nbf = claims.get("exp"), claims.get("nbf")
-    if isinstance(exp, bool) or not isinstance(exp, int | float) or current >= exp + LEEWAY_S:
+    # JSON decoding accepts NaN and Infinity: a NaN compares false with everything, so it
+    # would pass every check below (issue 38). Only finite numbers are instants.
+    for name in ("exp", "nbf", "iat"):
+        value = claims.get(name)
+        if value is not None and not _instant(value):
+            raise errors.IdentityRejected(f"claim {name} is not a finite number of seconds")
+    if not isinstance(exp, int | float) or current >= exp + LEEWAY_S:
         raise errors.IdentityRejected("token expired")
-    if nbf is not None and (isinstance(nbf, bool) or not isinstance(nbf, int | float)
-                            or current < nbf - LEEWAY_S):
+    if nbf is not None and current < nbf - LEEWAY_S:
         raise errors.IdentityRejected("token not valid yet")
     iat = claims.get("iat")
-    if iat is not None and (isinstance(iat, bool) or not isinstance(iat, int | float)
-                            or iat > current + LEEWAY_S):
+    if iat is not None and iat > current + LEEWAY_S:
         raise errors.IdentityRejected("token issued in the future")
     if exp - (current if iat is None else iat) > max_lifetime_s + LEEWAY_S:
         raise errors.IdentityRejected("token lifetime exceeds the allowed maximum")
     return claims
+
+
+def _instant(value: object) -> bool:
+    """A JWT NumericDate this process can use: an int or float, finite, within datetime's
+    range (a bool is not a number here)."""
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value) and abs(value) < MAX_INSTANT_S)
 
 
 def _uuid_claim(claims: Mapping[str, Any], name: str) -> uuid.UUID:
@@ -273,7 +288,7 @@ def is_role_name(value: str) -> bool:
 
 def _principal(claims: Mapping[str, Any]) -> str:
     sub = claims.get("sub")
-    if not isinstance(sub, str) or not _PRINCIPAL.match(sub):
+    if not isinstance(sub, str) or not _PRINCIPAL.fullmatch(sub):
         raise errors.IdentityRejected("claim sub is not a valid principal id")
     return sub
 
@@ -281,7 +296,7 @@ def _principal(claims: Mapping[str, Any]) -> str:
 def _roles(claims: Mapping[str, Any]) -> tuple[str, ...]:
     roles = claims.get("roles", [])
     if (not isinstance(roles, list) or len(roles) > MAX_ROLES
-            or not all(isinstance(r, str) and _ROLE.match(r) for r in roles)):
+            or not all(isinstance(r, str) and _ROLE.fullmatch(r) for r in roles)):
         raise errors.IdentityRejected("claim roles is not a list of role names")
     return tuple(roles)
 
@@ -289,7 +304,7 @@ def _roles(claims: Mapping[str, Any]) -> tuple[str, ...]:
 def _binding(claims: Mapping[str, Any]) -> Binding:
     kind, digest = claims.get("binds"), claims.get("content")
     if kind not in ("proposal", "request") or not isinstance(digest, str) \
-            or not _DIGEST.match(digest):
+            or not _DIGEST.fullmatch(digest):
         raise errors.IdentityRejected("claims binds/content missing: the envelope binds no content")
     return Binding(kind, digest)
 

@@ -6,8 +6,10 @@ the same for all of them so that `. .local/env` reaches the stack from any shell
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -41,6 +43,9 @@ class Settings(BaseSettings):
     kafka_bootstrap: str = Field(default="127.0.0.1:19092", description="Kafka bootstrap servers.")
     kafka_replication_factor: KafkaReplicationFactor = 1
     migrations_dir: Path = Field(default=REPO_ROOT / "migrations")
+    profile: str | None = Field(
+        default=None, description="`demo`: run on the packaged allowlist, policies and "
+        "connectors when none are named; unset, a service refuses to start without them.")
     traces_url: str | None = Field(
         default=None, description="A trace UI (Jaeger) where the services' spans are: "
         "`explain` and the demo print each operation's trace link there (`make traces`).")
@@ -58,3 +63,42 @@ class PolicySources(BaseSettings):
 def load() -> Settings:
     """Read the settings from the environment now (not at import time)."""
     return Settings()
+
+
+# The profile that lets a service run on the packaged configuration: the demo's allowlist,
+# Cedar policies and CRM/billing connectors. Set by `make demo`, the test kit, the bench and
+# the compose file; a real deployment names its own configuration instead.
+DEMO_PROFILE: Final = "demo"
+_SOURCES: Final = {"allowlist": "AGENTLEDGER_ALLOWLIST", "policies": "AGENTLEDGER_POLICY_DIR",
+                   "connectors": "AGENTLEDGER_CONNECTORS"}
+
+
+def missing_configuration(*, allowlist: bool = False, policies: bool = False,
+                          connectors: bool = False,
+                          environ: Mapping[str, str] | None = None) -> list[str]:
+    """The operator configuration a service needs and the environment does not name.
+
+    Outside ``AGENTLEDGER_PROFILE=demo``, a service that falls back to the packaged
+    allowlist, policies or connectors would silently run the demo's in production (issue 38):
+    it must refuse to start instead. Returns the variables to set (empty: it may start).
+    """
+    env = os.environ if environ is None else environ
+    if env.get("AGENTLEDGER_PROFILE") == DEMO_PROFILE:
+        return []
+    wanted = {"allowlist": allowlist, "policies": policies, "connectors": connectors}
+    return [_SOURCES[name] for name, needed in wanted.items() if needed and not env.get(
+        _SOURCES[name])]
+
+
+def require_configuration(service: str, **needs: bool) -> None:
+    """Stop a service that would run on the packaged (demo) configuration, in one line.
+
+    Raises:
+        SystemExit: naming what to set; no traceback.
+    """
+    missing = missing_configuration(**needs)
+    if missing:
+        raise SystemExit(
+            f"agentledger {service}: {', '.join(missing)} not set; name the operator's "
+            f"configuration (docs/connectors.md#3-the-configuration), or set "
+            f"AGENTLEDGER_PROFILE={DEMO_PROFILE} to run the demo's")

@@ -7,10 +7,13 @@ import sys
 
 import uvicorn
 
+from agentledger import settings
 from agentledger.services.console.app import create_app
 from agentledger.services.console.settings import ConsoleSettings
 
 if __name__ == "__main__":
+    # Never the packaged (demo) configuration by accident (issue 38): one line, exit 1.
+    settings.require_configuration("console", allowlist=True, policies=True)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     cfg = ConsoleSettings.model_validate({})

@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentledger import identity, web
 from agentledger.approvals import repository as approvals
-from agentledger.audit import explain as audit_explain
 from agentledger.services.console import answers, auth, review
 
 api = APIRouter(prefix="/api/v1")
@@ -122,6 +121,5 @@ async def explain_operation(operation_id: uuid.UUID, session: Session, request: 
     """What was proposed, permitted, attempted and is known (R8.6), for the session's tenant
     only: another tenant's operation is indistinguishable from an unknown one (404)."""
     pool = cast(asyncpg.Pool, request.app.state.audit_pool)
-    async with pool.acquire() as conn:
-        found = await audit_explain.explain(conn, session.tenant_id, operation_id)
+    found = await _console(request).explain(session, pool, operation_id)
     return found.model_dump(mode="json")

@@ -22,6 +22,7 @@ import asyncpg
 from agentledger import errors, identity
 from agentledger.approvals import repository as approvals
 from agentledger.approvals import rules
+from agentledger.audit import explain as audit_explain
 from agentledger.ledger import keys
 from agentledger.ledger import repository as ledger
 from agentledger.policy import allowlist as allowlist_mod
@@ -192,6 +193,20 @@ class Console:
             found = await approvals.listing(conn, session.tenant_id, state)
         unread = Current(None, None, "unavailable")
         return [Review(a, self.allowlist.actions.get(a.action), None, unread) for a in found]
+
+    async def explain(self, session: identity.Session, audit: asyncpg.Pool,
+                      operation_id: UUID) -> audit_explain.Explanation:
+        """``explain`` for one operation of the signed-in tenant, for a current approver of
+        it: the directory is asked like every other console read (a revoked approver's token
+        that still verifies reads nothing, issue 38).
+
+        Raises:
+            PolicyDenied: not a current approver. CommandNotFound: nothing in this tenant.
+        """
+        async with self.pool.acquire() as conn:
+            await policy_repo.require_approver(conn, session.tenant_id, session.principal_id)
+        async with audit.acquire() as conn:
+            return await audit_explain.explain(conn, session.tenant_id, operation_id)
 
     async def review(self, session: identity.Session, approval_id: UUID) -> Review:
         """One request of the signed-in tenant, its decrypted arguments and the current record.

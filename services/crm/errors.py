@@ -79,6 +79,15 @@ class StaleFencingToken(CrmError):
     code = "stale_fencing_token"
 
 
+class DeadlinePassed(CrmError):
+    """The request arrived after the deadline it carries (Request-Deadline): nothing was
+    applied."""
+
+    # The caller gave up on it already; applying it now would surprise whoever decided next.
+    status = 408
+    code = "deadline_passed"
+
+
 class UnstorableInput(CrmError):
     """The request holds data the database refuses (a NUL character, a value out of range)."""
 

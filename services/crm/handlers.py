@@ -14,6 +14,12 @@ another tenant's data answers exactly like missing data (404):
 - ``POST  /v1/refunds`` (write): 201. NOT idempotent: ``Idempotency-Key`` is ignored.
 - ``GET   /v1/operations/{key}`` (lookup): what was recorded under a key; 404 if unknown,
   expired or another tenant's.
+- ``PUT   /v1/fences/{key}`` (lookup or write): ``Fencing-Token: <n>`` required; raises the
+  key's fence to at least ``n`` and answers ``{"fencing_key", "token"}`` with the highest
+  token seen, applying nothing else. A take-over or an operator's resolution advances the
+  fence this way before deciding without the provider, so a stalled writer's late request
+  is refused (409 ``stale_fencing_token``). Allowed under the lookup scope: it can only
+  refuse stale writers, never apply an effect.
 
 Under an ``Idempotency-Key`` (scoped per tenant, kept ``idempotency_retention_seconds``) the
 same request gets the original response byte for byte plus ``Idempotent-Replayed: true``;
@@ -26,9 +32,12 @@ with 409 ``stale_fencing_token`` in the same transaction, and nothing is applied
 Equal or higher is accepted. Without ``Fencing-Token`` a write is not fenced. On a refund,
 ``Fencing-Key`` only fences: refunds are still never deduplicated.
 
+Deadlines: a write may carry ``Request-Deadline: <RFC 3339 instant>`` (the caller's own call
+bound); one that arrives after it is refused with 408 ``deadline_passed``, nothing applied.
+
 Errors are ``{"error": {"code", "message"}}``: 400 bad header, 401 no/unknown token, 403
-missing scope, 404, 409 stale fencing token, 412, 422 invalid body or reused key, 428, 503
-storage or injected fault.
+missing scope, 404, 408 deadline passed, 409 stale fencing token, 412, 422 invalid body or
+reused key, 428, 503 storage or injected fault.
 
 No ``from __future__ import annotations``: FastAPI reads these signatures at runtime.
 """
@@ -231,6 +240,21 @@ def _fence(token: str | None, key: str | None) -> store.Fence | None:
     return store.Fence(key, int(token))
 
 
+def _check_deadline(request: Request) -> None:
+    """Refuse a write that arrives after the deadline it carries (``Request-Deadline``)."""
+    value = _header(request, "request-deadline", max_length=64)
+    if value is None:
+        return
+    try:
+        deadline = datetime.fromisoformat(value)
+    except ValueError:
+        raise errors.InvalidHeader("Request-Deadline must be an RFC 3339 instant") from None
+    if deadline.tzinfo is None:
+        raise errors.InvalidHeader("Request-Deadline must carry its offset (Z or ±hh:mm)")
+    if datetime.now(UTC) > deadline:
+        raise errors.DeadlinePassed(f"the request's deadline {value} has passed")
+
+
 def _check_revision(customer: models.Customer, expected: frozenset[int] | None) -> None:
     if expected is not None and customer.revision not in expected:
         raise errors.PreconditionFailed(f"the current revision is {customer.revision}")
@@ -297,6 +321,7 @@ async def create_note(request: Request) -> Response:
     # (store.create_note), its response built before it runs.
     crm = _store(request)
     principal = await _caller(crm, request, models.Scope.WRITE)
+    _check_deadline(request)
     customer_id = _path_id(request)
     idempotency_key = _header(request, "idempotency-key", pattern=_KEY)
     expected = _expected_revisions(_header(request, "if-match", max_length=512))
@@ -323,6 +348,7 @@ async def update_contact(
     idempotency_key: KeyHeader = None, if_match: IfMatchHeader = None,
     fencing_token: FencingTokenHeader = None, fencing_key: KeyHeader = None,
 ) -> Response:
+    _check_deadline(request)
     expected = _expected_revisions(if_match)
     if expected is None:
         raise errors.PreconditionRequired()
@@ -355,6 +381,7 @@ async def create_refund(
 ) -> Response:
     # Deliberately not idempotent: an Idempotency-Key header is not even read, and the
     # fencing key refuses a stale writer but never dedupes.
+    _check_deadline(request)
     async with crm.mutation(
         tenant_id=principal.tenant_id, key=None, method=request.method,
         path=request.url.path, request_hash=_request_hash(request, None, refund),
@@ -382,6 +409,26 @@ async def get_operation(
         status=recorded.status, created_at=recorded.created_at,
         expires_at=recorded.expires_at, response=json.loads(recorded.body),
     )
+
+
+@api.put("/v1/fences/{fencing_key}", response_model=models.FenceState)
+async def advance_fence(
+    fencing_key: Annotated[str, Path(pattern=KEY_PATTERN)], request: Request, crm: StoreDep,
+    fencing_token: FencingTokenHeader = None,
+) -> models.FenceState:
+    principal = await crm.authenticate(_bearer(_header(request, "authorization",
+                                                       max_length=512)))
+    if principal is None:
+        raise errors.Unauthenticated()
+    if not {models.Scope.LOOKUP, models.Scope.WRITE} & set(principal.scopes):
+        raise errors.Forbidden("advancing a fence needs the 'lookup' or 'write' scope")
+    if fencing_token is None:
+        raise errors.InvalidHeader("Fencing-Token is required: the generation to fence at")
+    highest = await crm.advance_fence(principal.tenant_id,
+                                      store.Fence(fencing_key, int(fencing_token)))
+    log.info("event=fence_advanced tenant=%s key=%s token=%d", principal.tenant_id,
+             fencing_key, highest)
+    return models.FenceState(fencing_key=fencing_key, token=highest)
 
 
 admin = APIRouter(prefix="/admin", dependencies=[Depends(_admin)])

@@ -38,6 +38,13 @@ class Scope(StrEnum):
     LOOKUP = "lookup"
 
 
+class FenceState(BaseModel):
+    """A key's fence: the highest fencing token seen for it."""
+
+    fencing_key: str
+    token: int
+
+
 class Contact(BaseModel):
     """The contact fields of a customer; what a contact update may change."""
 

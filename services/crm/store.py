@@ -385,6 +385,14 @@ class Store:
                         # A claimed key without its response would replay nothing: refuse.
                         raise RuntimeError("mutation claimed a key but recorded no response")
 
+    async def advance_fence(self, tenant_id: str, fence: Fence) -> int:
+        """Raise the fence of ``fence.key`` to at least ``fence.token`` and return the highest
+        token seen for it, writing nothing else: from then on a lower token is refused."""
+        with _translated():
+            async with self._pool.acquire(timeout=ACQUIRE_TIMEOUT_SECONDS) as conn:
+                return int(await conn.fetchval(QUERIES["raise_fence"], tenant_id, fence.key,
+                                               fence.token))
+
     async def _check_fence(self, conn: _Conn, tenant_id: str, fence: Fence) -> None:
         highest = int(await conn.fetchval(QUERIES["raise_fence"], tenant_id, fence.key,
                                           fence.token))

@@ -6,10 +6,12 @@ import logging
 
 import uvloop
 
-from agentledger import telemetry
+from agentledger import settings, telemetry
 from agentledger.services.reconciler.app import run
 
 if __name__ == "__main__":
+    # Never the packaged (demo) configuration by accident (issue 38): one line, exit 1.
+    settings.require_configuration("reconciler", connectors=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     telemetry.setup("agentledger-reconciler")
     uvloop.run(run())  # uvloop: a cheaper event loop (issue 20 §5)

@@ -128,7 +128,7 @@ def test_a_worker_paused_after_its_pre_call_check_is_refused_by_the_crm(chaos: P
                         "AND a.fencing_generation < c.fencing_generation AND a.sent_at IS NOT NULL",
                         (str(op),))
             stale = cur.fetchall()
-        assert [r[0] for r in stale] == ["abandoned"], stale
+        assert [r[0] for r in stale] == ["fenced"], stale  # the refusal, kept (issue 37)
         assert "stale_fencing_token" in stale[0][1], stale
 
 

@@ -43,7 +43,15 @@ APP_SERVICES = {
     "relay": "relay", "executor-crm": "executor", "executor-billing": "executor",
     "reconciler": "reconciler", "console": "console",
 }
-SHARED = {"AGENTLEDGER_DATABASE_URL", "AGENTLEDGER_KAFKA_BOOTSTRAP", "AGENTLEDGER_MASTER_KEY"}
+SHARED = {"AGENTLEDGER_DATABASE_URL", "AGENTLEDGER_KAFKA_BOOTSTRAP", "AGENTLEDGER_MASTER_KEY",
+          "AGENTLEDGER_PROFILE"}
+
+
+# What each service needs named outside the demo profile (issue 38).
+NEEDS = {"admission": {"allowlist": True, "policies": True, "connectors": True},
+         "executor": {"allowlist": True, "policies": True, "connectors": True},
+         "reconciler": {"connectors": True}, "planner": {"allowlist": True, "connectors": True},
+         "console": {"allowlist": True, "policies": True}}
 
 
 def _compose_binary() -> Path | None:
@@ -131,6 +139,8 @@ def test_each_service_environment_satisfies_its_settings(
     for name, module, service in _app_services(resolved):
         env = {k: str(v) for k, v in (service.get("environment") or {}).items()}
         _validate_settings(module, env, monkeypatch)
+        if module in NEEDS:  # startable: the demo profile, or its configuration named
+            assert shared_settings.missing_configuration(**NEEDS[module], environ=env) == [], name
         if module in ("ingress", "crm", "console"):
             # In a container, loopback would be unreachable from the other services.
             assert env[f"AGENTLEDGER_{module.upper()}_HOST"] == "0.0.0.0", name  # noqa: S104

@@ -26,8 +26,10 @@ import pytest
 import yaml
 from pydantic_settings import BaseSettings
 
+from agentledger import settings
+
 from tests.deploy.conftest import MANIFEST_RESULTS
-from tests.deploy.test_compose import SETTINGS
+from tests.deploy.test_compose import NEEDS, SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -251,6 +253,15 @@ def test_each_deployment_environment_satisfies_its_settings(
             for key, value in env.items():
                 m.setenv(key, value)
             cls.model_validate({})
+
+
+def test_each_deployment_starts_on_a_named_configuration(docs: list[dict[str, Any]]) -> None:
+    # Issue 38: a service refuses to start on the packaged configuration unless the demo
+    # profile says so; every Deployment here must be startable.
+    for name, module in SERVICE_OF.items():
+        if module in NEEDS:
+            env = _env(_workloads(docs)[name], docs)
+            assert settings.missing_configuration(**NEEDS[module], environ=env) == [], name
 
 
 def test_each_secret_is_mounted_by_its_own_workload_only(docs: list[dict[str, Any]]) -> None:

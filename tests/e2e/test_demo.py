@@ -22,6 +22,7 @@ import pytest
 from agentledger import client
 from demo import launch
 from demo import stack as demo_stack
+from demo.stories_adoption import message_id
 from tests.stack import Stack
 
 # Start-up is ~10 s and the scenarios ~10 s here; a loaded 2-core CI box may take several times that.
@@ -180,7 +181,7 @@ def mailpit(world: launch.World, op: str | None = None) -> list[dict[str, Any]]:
         r = httpx.get(f"{world.mailpit_url}/api/v1/messages", params={"limit": 1000}, timeout=10)
     else:
         r = httpx.get(f"{world.mailpit_url}/api/v1/search",
-                      params={"query": f"message-id:{op}@agentledger"}, timeout=10)
+                      params={"query": f"message-id:{message_id(op)}"}, timeout=10)
     r.raise_for_status()
     return list(r.json()["messages"])
 
@@ -192,16 +193,16 @@ def audit_types(world: launch.World, op: str) -> list[str]:
 def test_an_email_from_the_outside_connector_is_sent_once_under_its_operation_id(demo: tuple[launch.World, str]) -> None:
     world, out = demo
     op = world.operations["email"]
-    assert command(world, op) == ("succeeded", f"email:{op}@agentledger")
+    assert command(world, op) == ("succeeded", f"email:{message_id(op)}")
     assert attempts(world, op) == [("dispatch", "succeeded")]
     held = mailpit(world, op)
-    assert len(held) == 1 and held[0]["MessageID"] == f"{op}@agentledger"
+    assert len(held) == 1 and held[0]["MessageID"] == message_id(op)
     assert [t["Address"] for t in held[0]["To"]] == ["ada@example.com"]
     # Mailpit holds the story's two messages and nothing else: no message was sent twice.
     assert sorted(m["MessageID"] for m in mailpit(world)) == sorted(
-        f"{o}@agentledger" for o in (op, world.operations["email_lost"]))
+        message_id(o) for o in (op, world.operations["email_lost"]))
     assert "entry points 'email' in agentledger.connectors and agentledger.resolvers: agentledger-email" in out
-    assert f"Mailpit holds 1 message with Message-ID <{op}@agentledger>" in out
+    assert f"Mailpit holds 1 message with Message-ID <{message_id(op)}>" in out
 
 
 def test_an_email_whose_answer_was_lost_ends_succeeded_through_the_lookup(demo: tuple[launch.World, str]) -> None:
@@ -211,13 +212,13 @@ def test_an_email_whose_answer_was_lost_ends_succeeded_through_the_lookup(demo: 
     assert httpx.get(f"{world.smtp_fault_url}/healthz", timeout=10).json() == {"armed": False, "dropped": 1}
     # Contract none: never resent; the reconciler's lookup by Message-ID settled it.
     assert attempts(world, op) == [("dispatch", "unknown"), ("lookup", "succeeded")]
-    assert command(world, op) == ("succeeded", f"email:{op}@agentledger")
+    assert command(world, op) == ("succeeded", f"email:{message_id(op)}")
     types = audit_types(world, op)
     assert "command.unknown" in types and types[-1] == "command.succeeded", types
     assert types.count("command.claimed") == 2, types  # the executor's send, the reconciler's lookup
     assert len(mailpit(world, op)) == 1
     assert "the proxy dropped 1 answer" in out
-    assert f"Mailpit holds exactly 1 message with Message-ID <{op}@agentledger>" in out
+    assert f"Mailpit holds exactly 1 message with Message-ID <{message_id(op)}>" in out
 
 
 def test_an_mcp_client_retrying_one_call_is_one_operation_and_one_note(demo: tuple[launch.World, str]) -> None:

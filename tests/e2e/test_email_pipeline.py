@@ -56,7 +56,8 @@ def world(stack: Stack, database_url: str, make_database: Callable[[], str],
     with mailpit.running() as mail:
         proxy = mailpit.AnswerLost(mail.smtp_port, armed=False)
         email = {"smtp_host": "127.0.0.1", "smtp_port": proxy.port, "sender": "agent@acme.test",
-                 "lookup_url": mail.http_url, "recipient_domains": ["example.com"]}
+                 "lookup_url": mail.http_url, "recipient_domains": ["example.com"],
+                 "deployment_id": "email-e2e"}
         try:
             with pipeline(stack.kafka_bootstrap, database_url, make_database(),
                           tmp_path_factory.mktemp("email"), connectors={"email": email},
@@ -81,7 +82,8 @@ def test_the_operators_configuration_checks(world: World, monkeypatch: pytest.Mo
                                             tmp_path: Path) -> None:
     config = operator_config(tmp_path)
     email = {"smtp_host": "127.0.0.1", "smtp_port": 1, "sender": "a@acme.test",
-             "lookup_url": "http://127.0.0.1:1", "recipient_domains": ["example.com"]}
+             "lookup_url": "http://127.0.0.1:1", "recipient_domains": ["example.com"],
+             "deployment_id": "email-e2e"}
     report = check_mod.check(Path(config["AGENTLEDGER_ALLOWLIST"]),
                              Path(config["AGENTLEDGER_POLICY_DIR"]),
                              {**plugins.defaults("http://127.0.0.1:1"), "email": email})

@@ -209,7 +209,9 @@ async def test_a_stalled_worker_is_refused_by_the_crm_after_a_newer_claim_wrote(
                                     " FROM audit_event WHERE operation_id = $1"
                                     " AND type = 'command.succeeded'", op)
     mine = next(a for a in tried if a["worker_id"] == "stalled")
-    assert mine["sent_at"] is not None and mine["result"] == "abandoned"
+    # The provider's refusal is kept on the stale attempt, never dropped (issue 37 §3).
+    assert mine["sent_at"] is not None and mine["result"] == "fenced"
+    assert (mine["late_answer"], mine["late_receipt"]) == ("fenced", None)
     assert "stale_fencing_token" in mine["detail"], mine["detail"]
     # One outcome, the newer claim's; nothing recorded for the stale generation.
     assert [o["generation"] for o in outcomes] == [newer.claim.generation]

@@ -24,7 +24,7 @@ NOTE = "crm.note.create"
 REFUND = "billing.refund.create"
 CONTACT = "crm.contact.update"
 # The billing connector's declared call bound: what the pre-call check covers for a refund.
-REFUND_CALL_S = crm_connectors.BillingConnector.contract.call_timeout_s
+REFUND_CALL_S = crm_connectors.CALL_TIMEOUT_S
 # Ledger-level resolutions (the verified, checked path is tests/integration/test_resolution.py).
 UNCHECKED: dict[str, Any] = {"receipt_check": "unchecked", "check_detail": "billing declares no lookup"}
 
@@ -246,7 +246,8 @@ async def test_operator_cli_lists_and_resolves_an_unknown_refund(world: World, d
 
     async with world.owner.acquire() as conn:
         await policy_repo.put_principal(conn, t.tenant_id, "ops:eve", ["agent-operator"])
-    env = {**os.environ, **identities.operator_env(database_url),
+    env = {**os.environ, **identities.operator_env(database_url, world.crm.url,
+                                                  world.lookup_tokens),
            "AGENTLEDGER_TOKEN": identities.session_token(t.tenant_id, "ops:eve")}
     cli = [sys.executable, "-m", "agentledger.cli"]
 

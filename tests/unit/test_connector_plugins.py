@@ -111,7 +111,8 @@ def test_the_outside_connectors_are_installed_distributions_found_by_entry_point
 
 def test_the_email_connector_is_made_from_its_own_distribution() -> None:
     made = plugins.load({"email": {"smtp_host": "127.0.0.1", "smtp_port": 25,
-                                   "sender": "a@acme.test", "lookup_url": "http://127.0.0.1:1"}})
+                                   "sender": "a@acme.test", "lookup_url": "http://127.0.0.1:1",
+                                   "deployment_id": "unit"}})
     assert type(made["email"]).__module__ == "agentledger_email"
     assert made["email"].contract.idempotency == "none" and made["email"].contract.lookup
 
@@ -210,6 +211,7 @@ def test_the_connectors_setting_is_read_from_the_environment(
 
 # Modules of the connector SDK itself; any other agentledger.connectors.* is a connector.
 SDK = {"agentledger.connectors", "agentledger.connectors.base", "agentledger.connectors.plugins",
+       "agentledger.connectors.boundary",
        "agentledger.connectors.conformance", "agentledger.connectors.pytest_plugin"}
 # Connectors distributed outside the library, by their import names.
 OUTSIDE = {"agentledger_email", "agentledger_http"}

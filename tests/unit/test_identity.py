@@ -304,3 +304,33 @@ def test_submission_ids_are_the_keys_then_the_records_then_new() -> None:
     with_key = identity.submission_ids(tenant, "user:alice", "k-1",
                                        record=("gateway.proposals.v1", 3, 42))
     assert with_key == (keyed, by_record[1])
+
+
+def _raw_session(**claims: object) -> str:
+    """A token signed by a trusted key whose JSON claims are written verbatim (json.dumps
+    writes NaN and Infinity, which PyJWT's decoder reads back)."""
+    body = {"iss": ISS, "aud": AUD, "sub": "user:alice", "tenant_id": str(TENANT),
+            "roles": ["agent"], "iat": int(NOW), "exp": int(NOW) + 600, **claims}
+    header = {"alg": "EdDSA", "typ": "JWT", "kid": "ed"}
+    signing = f"{b64(json.dumps(header).encode())}.{b64(json.dumps(body).encode())}"
+    key = _private(EDDSA_PRIVATE)
+    return f"{signing}.{b64(key.sign(signing.encode()))}"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("claims", [
+    {"exp": float("nan")}, {"exp": float("inf")}, {"exp": 1e300},
+    {"iat": float("nan")}, {"iat": float("-inf")}, {"nbf": float("nan")},
+    {"exp": True}, {"iat": "0"},
+])
+def test_a_non_finite_or_absurd_time_claim_is_a_typed_refusal(claims: dict[str, object]) -> None:
+    # Issue 38 (on 85a9f05: exp=NaN passed every check and the lifetime cap, exp=1e300 raised
+    # an untyped OverflowError).
+    with pytest.raises(errors.IdentityRejected):
+        verify(_raw_session(**claims))
+
+
+@pytest.mark.parametrize("claims", [{"sub": "user:alice\n"}, {"roles": ["agent\n"]}])
+def test_a_trailing_newline_is_no_principal_or_role(claims: dict[str, object]) -> None:
+    # Issue 38: `$` matches before a final newline; the patterns now match the whole value.
+    with pytest.raises(errors.IdentityRejected):
+        verify(session(**claims))

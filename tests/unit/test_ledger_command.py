@@ -48,10 +48,32 @@ def test_the_command_is_frozen_and_has_no_instance_dict() -> None:
 
 def test_reasons_are_cut_to_the_named_limit_everywhere_they_are_kept() -> None:
     long = "x" * (common.REASON_MAX + 40)
-    assert common.reason_text(long) == "x" * common.REASON_MAX
+    cut = common.reason_text(long)
+    # Cut to the bound, and what was cut named by a digest of the whole (issue 38): two
+    # reasons that differ only past the bound stay different.
+    assert len(cut) == common.REASON_MAX and cut.startswith("x" * 400)
+    assert "sha256:" in cut and cut != common.reason_text(long + "y")
     assert common.reason_text("short") == "short"
     payload = outcomes.event_payload(uuid.uuid4(), uuid.uuid4(), "denied", None, long)
     assert payload is not None and len(payload["outcome"]["reason"]) == common.REASON_MAX
+
+
+@pytest.mark.parametrize("raw", ["a\x00b", "\ud800x", "line\nbreak\r\t", "\x1b[31mred", "\x85"])
+def test_a_reason_from_outside_is_made_storable(raw: str) -> None:
+    kept = common.reason_text(raw)
+    assert common.UNSTORABLE.search(kept) is None
+    assert not any(ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f for c in kept), kept
+    kept.encode("utf-8")  # no lone surrogate left
+
+
+@pytest.mark.parametrize("raw", ["", "   ", "\x00", "r" * 600, "ok\x00", 42, None])
+def test_a_receipt_from_outside_is_storable_bounded_and_never_empty(raw: object) -> None:
+    kept = outcomes.receipt_text(raw, "op-1")
+    assert 1 <= len(kept) <= outcomes.RECEIPT_MAX
+    assert common.UNSTORABLE.search(kept) is None
+    outcomes.Succeeded(receipt=kept)  # the contract takes it
+    if isinstance(raw, str) and not raw.strip("\x00 "):
+        assert "op-1" in kept  # a provider that named nothing: the key, said so
 
 
 def test_one_mapping_from_a_recorded_state_to_its_outcome() -> None:

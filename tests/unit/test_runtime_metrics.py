@@ -274,7 +274,8 @@ def _ledger(monkeypatch: pytest.MonkeyPatch, held: dispatch.Claim | None, requeu
 
     async def load_command(*_a: Any, **_k: Any) -> dict[str, Any]:
         return {"connector": "crm", "lease_until": datetime.now(UTC) - timedelta(minutes=5),
-                "action": "crm.note.create", "resource_id": "cust-a", "expected_revision": None}
+                "action": "crm.note.create", "resource_id": "cust-a", "expected_revision": None,
+                "fencing_generation": 3}
 
     monkeypatch.setattr(dispatch, "claim", claim)
     monkeypatch.setattr(dispatch, "requeue", requeue)

@@ -1,9 +1,18 @@
 """``email.send`` over SMTP: an agentledger connector packaged outside the library.
 
 SMTP has no idempotency key, so the contract is ``none``: a message is never sent twice. It
-declares ``lookup`` too. The operation id is the message's ``Message-ID``, and the
-provider's search API finds a message whose answer was lost. A lost answer therefore ends
-``succeeded`` (found) or stays ``unknown`` (not found), never as a second message.
+declares ``lookup`` too. The operation id is the local part of the message's ``Message-ID``,
+its domain this deployment's own (``message_id_domain``, or one derived from
+``deployment_id``), and the provider's search API finds a message whose answer was lost. A
+lost answer therefore ends ``succeeded`` (found) or stays ``unknown`` (not found), never as a
+second message. SMTP cannot be fenced nor refuse a late message: the contract declares
+neither, and an operator's resolution while a send may still land is provisional.
+
+A lookup proves the effect is ours (R14.3): whoever can put a message into the searched
+store must not turn a lost send into ``succeeded``. So a found message counts only with this
+operation's exact Message-ID in this deployment's domain, from this connector's sender, to
+the command's recipient; anything else (a look-alike, a message of another deployment, an
+answer that is not the search API's shape) is no evidence.
 
 What a send can come back with, by the SMTP step that failed:
 - before ``DATA``: nothing was accepted. A 4xx answer or a broken connection is
@@ -18,6 +27,7 @@ which is exactly what the classification needs, and a send is one short conversa
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import smtplib
 from collections.abc import Mapping, Sequence
@@ -27,7 +37,7 @@ from uuid import UUID
 
 import aiohttp
 
-from agentledger import errors
+from agentledger import errors, httpclient
 from agentledger.connectors import (
     Applied,
     Call,
@@ -47,11 +57,19 @@ DEFAULT_TIMEOUT_S = 5.0
 # One send is connect, EHLO, MAIL, RCPT, DATA (and QUIT): each bounded by the timeout.
 STEPS = 6
 _ADDRESS = re.compile(r"^[^@\s<>,;:\"\\]{1,64}@([A-Za-z0-9.-]{1,253})$")
+_DOMAIN = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                     r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+$")
 
 
-def message_id(operation_id: UUID) -> str:
+def deployment_domain(deployment_id: str) -> str:
+    """The Message-ID domain of a deployment: distinct per deployment, under ``.invalid``
+    (RFC 2606: never a real host)."""
+    return f"{hashlib.sha256(deployment_id.encode()).hexdigest()[:20]}.agentledger.invalid"
+
+
+def message_id(operation_id: UUID, domain: str) -> str:
     """The Message-ID a command's e-mail carries, without angle brackets."""
-    return f"{operation_id}@agentledger"
+    return f"{operation_id}@{domain}"
 
 
 class EmailConnector:
@@ -62,9 +80,14 @@ class EmailConnector:
     scopes: frozenset[Scope] = frozenset({"write", "lookup"})
 
     def __init__(self, *, smtp_host: str, smtp_port: int, sender: str, lookup_url: str,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+                 message_id_domain: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.smtp_host, self.smtp_port, self.sender = smtp_host, smtp_port, sender
         self.lookup_url, self.timeout_s = lookup_url.rstrip("/"), timeout_s
+        if not _DOMAIN.match(message_id_domain):
+            raise errors.ConfigurationError(
+                f"the email connector's message_id_domain {message_id_domain!r} is not a "
+                "domain name", connector="email")
+        self.domain = message_id_domain
         self.contract = Contract("none", lookup=True, call_timeout_s=timeout_s * STEPS)
         self._session: aiohttp.ClientSession | None = None
 
@@ -73,7 +96,7 @@ class EmailConnector:
         message["From"] = self.sender
         message["To"] = call.resource_id  # the target, resolved at admission
         message["Subject"] = str(call.arguments["subject"])
-        message["Message-ID"] = f"<{message_id(call.operation_id)}>"
+        message["Message-ID"] = f"<{message_id(call.operation_id, self.domain)}>"
         message.set_content(str(call.arguments["body"]))
         return await asyncio.to_thread(self._send, message, call.resource_id)
 
@@ -105,21 +128,35 @@ class EmailConnector:
             return NotSent(f"SMTP {step} failed before DATA: {type(exc).__name__}")
 
     async def lookup(self, call: Call, token: str) -> Lookup:
-        wanted = message_id(call.operation_id)
+        wanted = message_id(call.operation_id, self.domain)
         try:
             async with self._client().get(
                     f"{self.lookup_url}/api/v1/search",
-                    params={"query": f"message-id:{wanted}"},
+                    params={"query": f"message-id:{wanted}"}, allow_redirects=False,
                     headers={"Authorization": f"Bearer {token}"} if token else {}) as answer:
                 if answer.status != 200:
                     return InDoubt(f"the search API answered {answer.status}")
-                found = await answer.json()
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                body, truncated = await httpclient.read_body(answer)
+        except (aiohttp.ClientError, TimeoutError) as exc:
             return InDoubt(f"no answer from the search API: {type(exc).__name__}")
-        ids = [m.get("MessageID") for m in found.get("messages", [])]
-        if wanted in ids:
+        found = None if truncated else httpclient.Answer(200, {}, body).json_object()
+        messages = found.get("messages") if found is not None else None
+        if not isinstance(messages, list):
+            return InDoubt("the search API's answer is not a list of messages")
+        if any(self._ours(m, wanted, call.resource_id) for m in messages):
             return Applied(receipt=f"email:{wanted}")
-        return NotFound(f"no message with Message-ID {wanted}")
+        return NotFound(f"no message with Message-ID {wanted} from {self.sender} to "
+                        f"{call.resource_id}")
+
+    def _ours(self, message: object, wanted: str, recipient: str) -> bool:
+        """This operation's message: its Message-ID, from our sender, to its recipient."""
+        if not isinstance(message, dict) or message.get("MessageID") != wanted:
+            return False
+        sender = message.get("From")
+        to = message.get("To")
+        return (isinstance(sender, dict) and _same(sender.get("Address"), self.sender)
+                and isinstance(to, list)
+                and any(isinstance(t, dict) and _same(t.get("Address"), recipient) for t in to))
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -153,6 +190,10 @@ def message_id_of(message: EmailMessage) -> str:
     return str(message["Message-ID"]).strip("<>")
 
 
+def _same(address: object, wanted: str) -> bool:
+    return isinstance(address, str) and address.strip().lower() == wanted.strip().lower()
+
+
 class RecipientResolver:
     """Admission's check of a target (R1.4): an address in the configured domains, for a
     tenant this deployment holds a read token for. E-mail has no revisions."""
@@ -171,11 +212,19 @@ class RecipientResolver:
 
 def connector(options: Mapping[str, Any]) -> EmailConnector:
     """Entry point ``email`` of group ``agentledger.connectors``."""
+    domain = options.get("message_id_domain")
+    if domain is None and isinstance(options.get("deployment_id"), str):
+        domain = deployment_domain(options["deployment_id"])
+    if not isinstance(domain, str):
+        raise errors.ConfigurationError(
+            "the email connector needs message_id_domain (its Message-IDs' own domain) or "
+            "deployment_id (one is derived): a lookup must not find another deployment's "
+            "messages", connector="email")
     try:
         return EmailConnector(
             smtp_host=str(options["smtp_host"]), smtp_port=int(options["smtp_port"]),
             sender=str(options["sender"]), lookup_url=str(options["lookup_url"]),
-            timeout_s=float(options.get("timeout_s", DEFAULT_TIMEOUT_S)))
+            message_id_domain=domain, timeout_s=float(options.get("timeout_s", DEFAULT_TIMEOUT_S)))
     except (KeyError, TypeError, ValueError) as exc:
         raise errors.ConfigurationError(
             f"the email connector needs smtp_host, smtp_port, sender, lookup_url: {exc!r}"
@@ -190,4 +239,5 @@ def resolver(options: Mapping[str, Any], read_tokens: Mapping[str, str]) -> Reci
     return RecipientResolver(domains, read_tokens)
 
 
-__all__ = ["EmailConnector", "RecipientResolver", "connector", "message_id", "resolver"]
+__all__ = ["EmailConnector", "RecipientResolver", "connector", "deployment_domain", "message_id",
+           "resolver"]

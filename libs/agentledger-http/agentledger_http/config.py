@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Literal
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -48,6 +48,11 @@ class LookupHow(_Strict):
     found: list[int] = [200]
     not_found: list[int] = [404]
     applied_when: AppliedWhen | None = None  # a field of the answer that says "applied"
+    # What identifies *this* operation's effect in the answer: a field path of the JSON answer
+    # ("response.customer_id") and the template it must equal ("{target}"). A lookup settles
+    # `succeeded` only when every one matches (R14.3): never on a look-alike, never on a
+    # record of another key a misrouted or hostile answer carries.
+    identifies: dict[str, str] = Field(min_length=1)
     receipt: str = "{key}"
 
 
@@ -61,7 +66,21 @@ class Statuses(_Strict):
     applied: list[int] = [200, 201]
     precondition_failed: list[int] = [412, 428]
     not_sent: list[int] = [429]
-    in_doubt: list[int] = [408]
+    # 409 under an idempotency key is "a request with this key is still being processed" in
+    # the IETF Idempotency-Key draft: the original may yet apply, so it is no refusal. An API
+    # whose 409 means a definitive refusal declares an in_doubt list without it.
+    in_doubt: list[int] = [408, 409, 425]
+
+
+class FenceAdvance(_Strict):
+    """How to advance the API's fence for a key without writing (issue 37): a request with
+    the generation in the fencing token header; a 2xx means advanced."""
+
+    method: Literal["PUT", "POST"] = "PUT"
+    path: str = Field(pattern=r"^/")
+    # A field of the JSON answer holding the highest generation the API has now seen (it must
+    # be at least the one asked for); None: a 2xx alone confirms.
+    token_field: str | None = None
 
 
 class Fencing(_Strict):
@@ -69,6 +88,15 @@ class Fencing(_Strict):
     key_header: str = "Fencing-Key"
     refused_status: int = 409
     refused_code: str = "stale_fencing_token"
+    advance: FenceAdvance
+
+
+class Deadline(_Strict):
+    """The API refuses, applying nothing, a request that arrives past the deadline it carries."""
+
+    header: str = "Request-Deadline"
+    refused_status: int = 408
+    refused_code: str = "deadline_passed"
 
 
 class ContractDecl(_Strict):
@@ -90,6 +118,7 @@ class Api(_Strict):
     resolve: ResolveHow | None = None
     statuses: Statuses = Statuses()
     fencing: Fencing | None = None
+    deadline: Deadline | None = None
 
     @property
     def call_timeout_s(self) -> float:
@@ -99,7 +128,8 @@ class Api(_Strict):
         c = self.contract_
         return Contract(c.idempotency, lookup=c.lookup and self.lookup is not None,
                         retention=timedelta(seconds=c.retention_s) if c.retention_s else None,
-                        call_timeout_s=c.call_timeout_s, fencing=self.fencing is not None)
+                        call_timeout_s=c.call_timeout_s, fencing=self.fencing is not None,
+                        deadline=self.deadline is not None)
 
     def auth(self, token: str) -> dict[str, str]:
         if not token:
@@ -107,9 +137,21 @@ class Api(_Strict):
         return {self.auth_header: f"{self.auth_scheme} {token}".strip()}
 
     def url(self, path: str, values: Mapping[str, Any], *, quoted: bool = False) -> str:
-        """``path`` with its placeholders filled, each value URL-quoted."""
-        return _PLACE.sub(lambda m: str(_lookup(m, values)) if quoted
-                          else quote(str(_lookup(m, values)), safe=""), path)
+        """``path`` with its placeholders filled, each value URL-quoted.
+
+        Raises:
+            ValueError: a filled segment is a dot segment (``.``, ``..``, in any encoding):
+                the URL library would resolve it into another route (issue 38 §4).
+        """
+        filled = []
+        for part in path.split("/"):
+            done = _PLACE.sub(lambda m: str(_lookup(m, values)) if quoted
+                              else quote(str(_lookup(m, values)), safe=""), part)
+            if done != part and unquote(done) in (".", ".."):
+                raise ValueError(f"a templated path segment is {unquote(done)!r}: it would "
+                                 "name another route")
+            filled.append(done)
+        return "/".join(filled)
 
 
 def parse(options: Mapping[str, Any]) -> Api:
@@ -151,9 +193,18 @@ def fill(body: Any, values: Mapping[str, Any]) -> Any:
     return body
 
 
-def json_object(text: str) -> dict[str, Any] | None:
+def json_object(text: str | bytes) -> dict[str, Any] | None:
+    """``text`` as a JSON object, or None when it is anything else (never raises)."""
     try:
         found = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return found if isinstance(found, dict) else None
+
+
+def field(body: Mapping[str, Any], path: str) -> Any:
+    """The value at a dotted field path of a JSON answer (``response.customer_id``)."""
+    found: Any = body
+    for name in path.split("."):
+        found = found.get(name) if isinstance(found, Mapping) else None
+    return found

@@ -96,6 +96,10 @@ class Attempt(_Row):
     finished_at: str | None
     result: str | None
     detail: str | None
+    # What the provider answered after this attempt's claim was taken over (issue 37).
+    late_answer: str | None = None
+    late_receipt: str | None = None
+    late_at: str | None = None
 
 
 class Resolution(_Row):
@@ -107,10 +111,14 @@ class Resolution(_Row):
     receipt: str | None
     reason: str | None
     evidence: str | None
+    # A late call may still land and contradict it (a provider that cannot be fenced).
+    provisional: bool = False
 
 
 class Known(_Row):
-    """What is known to have happened: the state, the provider's receipt, reconciliations."""
+    """What is known to have happened: the state, the provider's receipt, reconciliations —
+    and, when a provider later said otherwise, the contradiction (the state is what was
+    recorded; ``contradiction`` is what the provider said after)."""
 
     state: str
     receipt: str | None
@@ -118,6 +126,8 @@ class Known(_Row):
     finished_at: str | None
     payload_purged: bool
     reconciliations: list[Resolution]
+    contradicted_at: str | None = None
+    contradiction: str | None = None
 
 
 class TimelineEntry(_Row):
@@ -225,6 +235,8 @@ async def explain(conn: ledger.Conn, tenant_id: UUID, operation_id: UUID) -> Exp
         finished_at=cmd.get("finished_at"),
         payload_purged=cmd.get("payload_purged_at") is not None,
         reconciliations=[Resolution(**r) for r in resolutions],
+        contradicted_at=cmd.get("contradicted_at"),
+        contradiction=cmd.get("contradiction"),
     )
     timeline = [TimelineEntry(seq=e["seq"], type=e["type"], recorded_at=e["recorded_at"],
                               event_id=e["event_id"]) for e in events]

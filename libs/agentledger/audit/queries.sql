@@ -5,7 +5,7 @@
 SELECT operation_id, request_hash, state, provider_receipt, outcome_reason, principal_id,
        action, connector, resource_id, expected_revision, decision_id, policy_version,
        allowlist_version, expires_at, created_at, dispatched_at, finished_at,
-       fencing_generation, payload_purged_at
+       fencing_generation, payload_purged_at, contradicted_at, contradiction
 FROM agent_command WHERE tenant_id = $1 AND operation_id = $2;
 
 -- name: decisions --
@@ -22,12 +22,13 @@ FROM approval_request WHERE tenant_id = $1 AND operation_id = $2 ORDER BY create
 
 -- name: attempts --
 -- Every execution attempt.
-SELECT attempt_id, kind, worker_id, fencing_generation, started_at, finished_at, result, detail
+SELECT attempt_id, kind, worker_id, fencing_generation, started_at, finished_at, result, detail,
+       late_answer, late_receipt, late_at
 FROM command_attempt WHERE tenant_id = $1 AND operation_id = $2 ORDER BY started_at, attempt_id;
 
 -- name: resolutions --
 -- Operator reconciliations.
-SELECT resolved_by, resolved_at, outcome, receipt, reason, evidence
+SELECT resolved_by, resolved_at, outcome, receipt, reason, evidence, provisional
 FROM command_resolution WHERE tenant_id = $1 AND operation_id = $2 ORDER BY resolved_at;
 
 -- name: events --

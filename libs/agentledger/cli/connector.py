@@ -102,7 +102,7 @@ def scaffold(name: str, dest: Path) -> list[Path]:
     Raises:
         ConfigurationError: an unusable name, or ``dest`` exists.
     """
-    if not _NEW_NAME.match(name):
+    if not _NEW_NAME.fullmatch(name):
         raise errors.ConfigurationError(
             "a connector name is 1-32 of a-z, 0-9 and _, starting with a letter", name=name)
     if dest.exists():

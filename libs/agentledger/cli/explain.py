@@ -63,11 +63,22 @@ def render(found: audit_explain.Explanation, console: Console,
         console.print(f"  {t.started_at}  {t.kind:<8} worker={t.worker_id} "
                       f"generation={t.fencing_generation} → {t.result} {t.detail or ''}",
                       highlight=False)
+        if t.late_answer:
+            console.print(f"    [yellow]late answer[/yellow] at {t.late_at}: the provider said "
+                          f"{t.late_answer}" + (f" (receipt {t.late_receipt})"
+                                                if t.late_receipt else ""), highlight=False)
     console.print(f"[bold]known[/bold]     state={k.state} receipt={k.receipt} "
                   f"reason={k.reason}", highlight=False)
     for r in k.reconciliations:
         console.print(f"  reconciled {r.outcome} by {r.resolved_by} at {r.resolved_at}: "
                       f"{r.reason} (evidence: {r.evidence})", highlight=False)
+        if r.provisional:
+            console.print("  [yellow]provisional[/yellow]: a late call may still land and "
+                          "contradict it", highlight=False)
+    if k.contradicted_at:
+        console.print(f"  [red]CONTRADICTED[/red] at {k.contradicted_at}: {k.contradiction} — "
+                      "recorded as above, and the provider later said otherwise "
+                      "(docs/operations.md#contradicted-outcomes)", highlight=False)
     console.print(f"[dim]{len(found.timeline)} audit events[/dim]")
     if link := found.trace_link(traces_url):
         console.print(f"[bold]trace[/bold]     {link}", highlight=False)

@@ -11,12 +11,16 @@ a ``factory = "module:attribute"`` in the configuration. See docs/connectors.md.
 """
 
 from agentledger.connectors.base import (
+    DEADLINE_HEADER,
+    Advanced,
     Applied,
     Call,
     Connector,
     Contract,
     Credentials,
     Fenced,
+    Fencer,
+    FenceResult,
     Idempotency,
     InDoubt,
     Lookup,
@@ -28,6 +32,6 @@ from agentledger.connectors.base import (
     Scope,
 )
 
-__all__ = ["Applied", "Call", "Connector", "Contract", "Credentials", "Fenced", "Idempotency",
-           "InDoubt", "Lookup", "NotFound", "NotSent", "PreconditionFailed", "Refused",
-           "Result", "Scope"]
+__all__ = ["DEADLINE_HEADER", "Advanced", "Applied", "Call", "Connector", "Contract",
+           "Credentials", "FenceResult", "Fenced", "Fencer", "Idempotency", "InDoubt", "Lookup",
+           "NotFound", "NotSent", "PreconditionFailed", "Refused", "Result", "Scope"]

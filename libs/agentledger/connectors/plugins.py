@@ -147,8 +147,14 @@ def check(name: str, connector: object) -> None:
     contract = getattr(connector, "contract", None)
     if not isinstance(contract, base.Contract):
         problems.append("contract must be an agentledger.connectors.Contract")
-    elif contract.lookup and not inspect.iscoroutinefunction(getattr(connector, "lookup", None)):
-        problems.append("its contract declares lookup, but it has no async lookup()")
+    else:
+        if contract.lookup and not inspect.iscoroutinefunction(getattr(connector, "lookup",
+                                                                       None)):
+            problems.append("its contract declares lookup, but it has no async lookup()")
+        if contract.fencing and not inspect.iscoroutinefunction(getattr(connector, "fence",
+                                                                        None)):
+            # A take-over must be able to fence a stalled worker out before deciding (issue 37).
+            problems.append("its contract declares fencing, but it has no async fence()")
     scopes = getattr(connector, "scopes", None)
     if not isinstance(scopes, frozenset) or not scopes <= {"read", "write", "lookup"}:
         problems.append("scopes must be a frozenset of 'read', 'write', 'lookup'")

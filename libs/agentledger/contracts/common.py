@@ -8,6 +8,7 @@ datetimes, which JSON can only carry as strings: they are marked ``Strict(False)
 same model accepts a decoded JSON dict and a ``model_validate_json`` call alike.
 """
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -144,7 +145,7 @@ class TraceContext(Contract):
     @field_validator("traceparent")
     @classmethod
     def _check_traceparent(cls, value: str) -> str:
-        match = _TRACEPARENT.match(value)
+        match = _TRACEPARENT.fullmatch(value)
         if match is None:
             raise ValueError("traceparent is not in W3C format")
         version, trace_id, parent_id, _flags, rest = match.groups()
@@ -164,7 +165,7 @@ class TraceContext(Contract):
         members = [m.strip() for m in value.split(",") if m.strip()]
         if len(members) > _TRACESTATE_MAX_MEMBERS:
             raise ValueError("tracestate has more than 32 members")
-        if not all(_TRACESTATE_MEMBER.match(m) for m in members):
+        if not all(_TRACESTATE_MEMBER.fullmatch(m) for m in members):
             raise ValueError("tracestate is not in W3C format")
         return value
 
@@ -198,6 +199,30 @@ class TraceContext(Contract):
 REASON_MAX: Final = 500
 
 
-def reason_text(text: str) -> str:
-    """``text`` cut to :data:`REASON_MAX` characters, as the ledger keeps reasons."""
-    return text[:REASON_MAX]
+# What stored free text never holds: what no text column can (U+0000, lone surrogates) and
+# what would forge a line in a log or a terminal (every other C0 control, DEL, the C1 block).
+# Tab, line feed and carriage return become spaces; the rest U+FFFD.
+_UNSAFE_TEXT: Final = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_WHITESPACE: Final = frozenset("\t\n\r")
+
+
+def storable_text(value: object, limit: int) -> str:
+    """``value`` as text any ledger column and message can hold: controls and unstorable
+    characters replaced, at most ``limit`` characters. What is cut is named by a digest of the
+    whole, so two values that differ only past the bound stay different (issue 38 §1).
+
+    For text from outside (a provider's answer, an exception's message): it never raises,
+    whatever ``value`` is. It may return an empty string; callers that need text supply one.
+    """
+    text = value if isinstance(value, str) else repr(value)
+    clean = _UNSAFE_TEXT.sub(lambda m: " " if m.group() in _WHITESPACE else "\ufffd", text)
+    if len(clean) <= limit:
+        return clean
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    tail = f"…[cut, sha256:{digest}]"
+    return clean[:max(limit - len(tail), 0)] + tail[:limit]
+
+
+def reason_text(text: object) -> str:
+    """``text`` as the ledger keeps reasons: storable, at most :data:`REASON_MAX` characters."""
+    return storable_text(text, REASON_MAX)

@@ -13,7 +13,19 @@ from pydantic import Field, StringConstraints, TypeAdapter
 
 from agentledger.contracts import common
 
-Receipt = Annotated[str, StringConstraints(min_length=1, max_length=512)]
+# A provider's receipt as the ledger keeps it (``agent_command.provider_receipt``).
+RECEIPT_MAX = 512
+Receipt = Annotated[str, StringConstraints(min_length=1, max_length=RECEIPT_MAX)]
+
+
+def receipt_text(value: object, key: str) -> str:
+    """A provider's receipt as the ledger can store it: storable and bounded
+    (``common.storable_text``), and never empty — a provider that confirmed an effect without
+    naming it gets the idempotency key ``key`` as its receipt, and says so (issue 38 §2)."""
+    text = common.storable_text(value, RECEIPT_MAX).strip()
+    if text.strip("\ufffd "):
+        return text
+    return common.storable_text(f"key:{key} (the provider named no receipt)", RECEIPT_MAX)
 
 
 class Succeeded(common.Contract):

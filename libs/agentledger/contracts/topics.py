@@ -22,7 +22,7 @@ def exec_topic(connector: str) -> str:
     Raises:
         ValueError: ``connector`` is not a valid connector name.
     """
-    if not _CONNECTOR.match(connector):
+    if not _CONNECTOR.fullmatch(connector):
         raise ValueError("invalid connector name")
     return f"exec.{connector}.v1"
 
@@ -33,7 +33,7 @@ def dlq_topic(topic: str) -> str:
     Raises:
         ValueError: ``topic`` has no ``.vN`` suffix or is already a dead-letter topic.
     """
-    match = _VERSIONED.match(topic)
+    match = _VERSIONED.fullmatch(topic)
     if match is None or match["base"].endswith(".dlq"):
         raise ValueError(f"not a versioned source topic: {topic[:249]!r}")
     return f"{match['base']}.dlq.{match['version']}"

@@ -14,8 +14,8 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 from uuid import UUID
 
@@ -24,9 +24,9 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanKind
 
 from agentledger import errors, faults
-from agentledger.connectors import base
+from agentledger.connectors import base, boundary
 from agentledger.contracts import commands, common
-from agentledger.ledger import dispatch, groupcommit, keys, repository
+from agentledger.ledger import dispatch, groupcommit, keys, late, repository
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import decision as decision_mod
 from agentledger.policy import repository as policy_repo
@@ -44,10 +44,14 @@ LEASE_S = 60.0
 RESENDS = 2
 # A refused connection proves nothing was sent; retry it this often before handing back.
 NOT_SENT_RETRIES = 3
+# A late answer has one copy, in this process: recording it outlives a database blip of up to
+# about half a minute (backoff 0.5 s doubling), and then it is logged as lost, never dropped
+# silently.
+LATE_RECORD_TRIES = 6
 
 Disposition = Literal["claimed", "terminal", "held", "missing", "foreign"]
 # Bounded names of what a call returned (span attribute and metric label).
-_RESULTS: dict[type, str] = {
+_RESULTS: dict[type, late.Kind] = {
     base.Applied: "applied", base.PreconditionFailed: "precondition_failed",
     base.Refused: "refused", base.Fenced: "fenced", base.NotSent: "not_sent",
     base.InDoubt: "in_doubt"}
@@ -224,16 +228,53 @@ class Dispatcher:
                          arguments, row["expected_revision"], fencing_generation=held.generation)
         result, held = await self._call(connector, call, token, held, traceparent, decided)
         if isinstance(result, base.Fenced):
-            # A newer claim wrote to the provider: the outcome is its to record, not ours.
-            async with self.pool.acquire() as conn:
-                await dispatch.finish_attempt(conn, held, "abandoned", result.reason)
+            # A newer claim (or a take-over's fence) is ahead of ours at the provider: nothing
+            # applied, and the outcome is not ours to record; the refusal goes on our attempt.
             log.warning("event=fenced_by_provider operation_id=%s generation=%d",
                         held.operation_id, held.generation)
+            await self._record_late(held, result, row["connector"], traceparent)
             raise errors.StaleClaim("the provider refused this claim's fencing token; no "
                                     "outcome is recorded", operation_id=str(held.operation_id),
                                     generation=held.generation)
-        return await self.record(held, result, connector=row["connector"],
-                                 traceparent=traceparent)
+        try:
+            return await self.record(held, result, connector=row["connector"],
+                                     traceparent=traceparent)
+        except errors.StaleClaim:
+            # Fenced out after the call: what the provider said is still a fact about our
+            # attempt, and may settle or contradict what the ledger says now (issue 37 §3).
+            await self._record_late(held, result, row["connector"], traceparent)
+            raise
+
+    async def _record_late(self, held: dispatch.Claim, result: base.Result, connector: str,
+                           traceparent: str | None) -> None:
+        """Record the answer a fenced-out claim received on its attempt (``ledger.late``)."""
+        kind = _RESULTS[type(result)]
+        answer = late.Answer(
+            kind, text=getattr(result, "reason", None) or f"the provider answered {kind}",
+            receipt=result.receipt if isinstance(result, base.Applied) else None)
+        for tries in range(1, LATE_RECORD_TRIES + 1):
+            try:
+                async with self.pool.acquire() as conn:
+                    weighed = await late.record(
+                        conn, held.tenant_id, held.operation_id, held.attempt_id, answer,
+                        worker_id=held.worker_id, traceparent=traceparent)
+                break
+            except (errors.StorageError, OSError, asyncpg.PostgresError,
+                    asyncpg.InterfaceError) as exc:
+                if tries == LATE_RECORD_TRIES or not getattr(exc, "retryable", True):
+                    log.error("event=late_answer_lost operation_id=%s generation=%d answer=%s "
+                              "error=%r", held.operation_id, held.generation, kind, exc)
+                    return
+                await asyncio.sleep(0.5 * 2 ** (tries - 1))  # backoff across a blip
+        label = telemetry_metrics.bounded(connector)
+        telemetry_metrics.late_answers.add(1, connector=label, outcome=kind)
+        log.warning("event=late_answer operation_id=%s generation=%d answer=%s state=%s "
+                    "disposition=%s", held.operation_id, held.generation, kind, weighed.state,
+                    weighed.disposition)
+        if weighed.disposition == "contradicted":
+            telemetry_metrics.contradictions.add(1, connector=label)
+            log.error("event=contradicted operation_id=%s state=%s answer=%s",
+                      held.operation_id, weighed.state, kind)
 
     async def _refusal(
         self, conn: repository.Conn, row: asyncpg.Record, *, in_transaction: bool = False,
@@ -323,19 +364,20 @@ class Dispatcher:
         # taken from it; and an unmarked claim is known never to have sent (issue 17).
         await self._group.run(held.tenant_id, lambda conn: dispatch.mark_sending(
             conn, held, call_s=bound, also=also))
+        # The call's deadline, sent with it: a provider that honours it refuses the request
+        # if it arrives after this call's own timer has given up on it (issue 37 §2).
+        call = replace(call, deadline=datetime.now(UTC) + timedelta(seconds=bound))
         # A stall here (a GC pause, SIGSTOP) outlives the renewed lease: only the provider's
-        # fencing can refuse the call that follows.
+        # fencing (or its deadline) can refuse the call that follows.
         await faults.point("executor.before_call")
         with spans.span(tracer, "attempt", kind=SpanKind.CLIENT, links=[first], attributes={
                 spans.OPERATION_ID: str(call.operation_id), spans.ACTION: call.action,
                 spans.CONNECTOR: connector.name, spans.GENERATION: held.generation,
                 spans.ATTEMPT_KIND: kind, spans.ATTEMPT_ID: str(held.attempt_id)}) as span:
             started = time.perf_counter()
-            try:
-                async with asyncio.timeout(bound):
-                    result = await connector.execute(call, token)
-            except TimeoutError:
-                result = base.InDoubt(f"no answer within the call bound ({bound:g} s)")
+            # Bounded and classified: whatever the provider or the connector does, one of
+            # the closed set of results, every text storable (R14).
+            result = await boundary.execute(connector, call, token, bound_s=bound)
             outcome = _RESULTS.get(type(result), "other")
             span.set_attribute(spans.OUTCOME, outcome)
         telemetry_metrics.attempt_duration.record(

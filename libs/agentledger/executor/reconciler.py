@@ -10,20 +10,30 @@ follows the connector's declared contract:
 - ``keyed`` without lookup, ``replay_safe``: requeue (resending the same key is safe).
 - ``none``: ``unknown``; only an operator can resolve it. Nothing is ever resent.
 
+A connector that declares fencing has its provider's fence advanced to the take-over's
+generation *before* anything is looked up or decided (issue 37): a stalled earlier worker's
+call is then refused by the provider instead of landing after the ledger decided without it.
+
+Every recovery path is bounded (R7.5, R14.3): a take-over at the generation cap holds the
+command as ``unknown`` for an operator, and one item's failure is counted and logged without
+ending the sweep (the item is tried again next period, within its cap).
+
 And one more case, for a loss it cannot otherwise see: a command still ``pending`` long
 after admission whose outbox row is gone was published and never claimed — its Kafka
 record was lost after the broker acknowledged it, or no executor consumes its topic. Its
 obligation is republished (nothing was ever sent for it, and executors claim a command
-once).
+once). Last, late ``applied`` answers that crossed a decision are weighed again
+(:mod:`agentledger.ledger.late`).
 
-It never calls a write API and never the planner (R6.5): its credential is lookup-only.
+It never calls a write API and never the planner (R6.5): its credential is lookup-only
+(advancing a fence applies nothing; the provider accepts it under that scope).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 from uuid import UUID
 
@@ -33,8 +43,9 @@ from opentelemetry.trace import SpanKind
 
 from agentledger import errors, faults
 from agentledger.approvals import repository as approvals
-from agentledger.connectors import base
-from agentledger.ledger import dispatch, repository
+from agentledger.connectors import base, boundary
+from agentledger.contracts import common
+from agentledger.ledger import dispatch, late, repository
 from agentledger.telemetry import metrics as telemetry_metrics
 from agentledger.telemetry import spans
 
@@ -44,10 +55,15 @@ tracer = trace.get_tracer("agentledger.reconciler")
 # A lookup is one read; the lease only needs to cover it and the bookkeeping.
 LEASE_S = 30.0
 
-Action = Literal["succeeded", "requeued", "unknown", "skipped", "republished", "retried"]
+Action = Literal["succeeded", "requeued", "unknown", "skipped", "republished", "retried",
+                 "failed", "settled", "contradicted"]
 # Far longer than relay lag plus executor backlog in normal operation: a renewal is a
 # diagnosis (a record was lost), not a retry loop.
 STRANDED_AFTER_S = 300.0
+# Take-overs past the generation cap before the reconciler stops taking a `dispatching`
+# command over: a take-over at the cap records `unknown`, so only a recording that keeps
+# failing gets here; a few more tries cover a database blip, then the loop ends (R7.5).
+RECOVERY_SLACK = 3
 
 
 @dataclass
@@ -81,9 +97,46 @@ class Reconciler:
                     item["tenant_id"], item["operation_id"], item["connector"], item["state"])
             except errors.StaleClaim:
                 done[item["operation_id"]] = "skipped"
+            except Exception as exc:  # one item never ends the sweep (R14.3)
+                done[item["operation_id"]] = self._failed(item, exc)
         await self._republish_stranded(done, limit)
+        await self._weigh_late_answers(done, limit)
         await self.count_unknown()
         return done
+
+    @staticmethod
+    def _failed(item: dict[str, object], exc: Exception) -> Action:
+        """One item of a sweep raised: counted and logged; the sweep goes on, the item is
+        tried again next period (its take-overs count against its generation cap)."""
+        telemetry_metrics.sweep_failures.add(
+            1, connector=telemetry_metrics.bounded(str(item.get("connector"))))
+        log.error("event=reconcile_item_failed operation_id=%s connector=%s error=%s",
+                  item.get("operation_id"), item.get("connector"), type(exc).__name__,
+                  exc_info=exc)
+        return "failed"
+
+    async def _weigh_late_answers(self, done: dict[UUID, Action], limit: int) -> None:
+        """Late ``applied`` answers whose own record crossed a decision: settle the ``unknown``
+        ones, mark the contradicted ones (``ledger.late``)."""
+        async with self.pool.acquire() as conn:
+            todo = await late.late_applied(conn, limit=limit)
+        for item in todo:
+            try:
+                async with self.pool.acquire() as conn:
+                    weighed = await late.weigh(conn, item["tenant_id"], item["operation_id"])
+            except Exception as exc:  # one item never ends the sweep
+                done[item["operation_id"]] = self._failed(item, exc)
+                continue
+            if weighed is None or weighed.disposition not in ("settled", "contradicted"):
+                continue
+            done[item["operation_id"]] = weighed.disposition
+            label = telemetry_metrics.bounded(weighed.connector)
+            if weighed.disposition == "contradicted":
+                telemetry_metrics.contradictions.add(1, connector=label)
+                log.error("event=contradicted operation_id=%s state=%s",
+                          item["operation_id"], weighed.state)
+            else:
+                log.info("event=settled_by_late_answer operation_id=%s", item["operation_id"])
 
     async def count_unknown(self) -> None:
         """Count the ``unknown`` backlog per connector, across tenants, for the gauges the
@@ -97,27 +150,32 @@ class Reconciler:
         async with self.pool.acquire() as conn:
             stranded = await dispatch.stranded_pending(
                 conn, older_than_s=self.stranded_after_s, limit=limit)
-            for item in stranded:
-                with spans.span(tracer, "republish", context=spans.ROOT, attributes={
-                        spans.OPERATION_ID: str(item["operation_id"]),
-                        spans.CONNECTOR: item["connector"]}):
-                    retry = item["retry_at"] is not None
-                    renewed = await dispatch.republish(
-                        conn, item["tenant_id"], item["operation_id"],
-                        older_than_s=self.stranded_after_s, traceparent=spans.traceparent_of(),
-                        retry_due=retry)
-                if renewed and retry:
-                    # A requeue's backoff ran out: routine, not a lost record.
-                    done[item["operation_id"]] = "retried"
-                    log.info("event=retry_due operation_id=%s connector=%s",
-                             item["operation_id"], item["connector"])
-                elif renewed:
-                    done[item["operation_id"]] = "republished"
-                    telemetry_metrics.reconciliations.add(
-                        1, connector=telemetry_metrics.bounded(item["connector"]),
-                        outcome="republished")
-                    log.warning("event=republished operation_id=%s connector=%s",
-                                item["operation_id"], item["connector"])
+        for item in stranded:
+            retry = item["retry_at"] is not None
+            try:
+                async with self.pool.acquire() as conn:
+                    with spans.span(tracer, "republish", context=spans.ROOT, attributes={
+                            spans.OPERATION_ID: str(item["operation_id"]),
+                            spans.CONNECTOR: item["connector"]}):
+                        renewed = await dispatch.republish(
+                            conn, item["tenant_id"], item["operation_id"],
+                            older_than_s=self.stranded_after_s,
+                            traceparent=spans.traceparent_of(), retry_due=retry)
+            except Exception as exc:  # one item never ends the sweep
+                done[item["operation_id"]] = self._failed(item, exc)
+                continue
+            if renewed and retry:
+                # A requeue's backoff ran out: routine, not a lost record.
+                done[item["operation_id"]] = "retried"
+                log.info("event=retry_due operation_id=%s connector=%s",
+                         item["operation_id"], item["connector"])
+            elif renewed:
+                done[item["operation_id"]] = "republished"
+                telemetry_metrics.reconciliations.add(
+                    1, connector=telemetry_metrics.bounded(item["connector"]),
+                    outcome="republished")
+                log.warning("event=republished operation_id=%s connector=%s",
+                            item["operation_id"], item["connector"])
 
     async def reconcile(
         self, tenant_id: UUID, operation_id: UUID, connector_name: str, state: str
@@ -163,6 +221,12 @@ class Reconciler:
                 # A stalled holder may still send: take nothing over and declare nothing
                 # until its call bound has run out past the lease (next passes).
                 return "skipped"
+            if current["fencing_generation"] >= self.max_generations + RECOVERY_SLACK:
+                # Take-overs at the cap keep failing to record (each pass raised): stop taking
+                # generations; the failures are counted and alerted, an operator looks.
+                log.error("event=recovery_exhausted operation_id=%s generation=%d",
+                          operation_id, current["fencing_generation"])
+                return "skipped"
         async with self.pool.acquire() as conn:
             held = await dispatch.claim(conn, tenant_id, operation_id, worker_id=self.worker_id,
                                         lease_s=self.lease_s, take_over=True,
@@ -187,16 +251,21 @@ class Reconciler:
                                        "call reached the connector: nothing was sent")
         call = base.Call(tenant_id, operation_id, row["action"], row["resource_id"], {},
                          row["expected_revision"])
+        # Before anything is looked up or decided, the provider refuses the earlier holder's
+        # generation (a stalled worker's late call): the storage fences, not the worker.
+        fenced = await self._fence(connector, held, call)
+        capped = held.generation >= self.max_generations
         if contract.lookup:
             token = self.credentials.token(connector.name, tenant_id)
-            found: base.Applied | base.NotFound | base.InDoubt
+            found: base.Lookup
             if token is None:
                 found = base.InDoubt("no lookup credential for this tenant")
             else:
                 await faults.point("reconciler.mid_lookup")
                 with spans.span(tracer, "lookup", kind=SpanKind.CLIENT, attributes={
                         spans.CONNECTOR: connector.name, spans.GENERATION: held.generation}):
-                    found = await connector.lookup(call, token)
+                    found = await boundary.lookup(connector, call, token,
+                                                  bound_s=contract.call_timeout_s)
             if isinstance(found, base.Applied):
                 await self._finalize(held, "succeeded", receipt=found.receipt)
                 return "succeeded"
@@ -205,19 +274,66 @@ class Reconciler:
                 # no longer means "not done", and a resend would be a second effect.
                 await self._finalize(held, "unknown", reason=expired)
                 return "unknown"
-            if isinstance(found, base.NotFound) and contract.may_resend:
+            if isinstance(found, base.NotFound) and contract.may_resend and not capped:
                 return await self._requeue(held, connector_name, "lookup found no effect; "
                                            "resend the same request with the same key")
-            await self._finalize(held, "unknown", reason=getattr(found, "reason", "no answer"))
+            if capped:
+                return await self._cap(held, connector_name, found.reason)
+            await self._finalize(held, "unknown", reason=f"{found.reason}; {fenced}")
             return "unknown"
-        if contract.may_resend and not expired:
+        if contract.may_resend and not expired and not capped:
             return await self._requeue(held, connector_name, "lease expired; the contract "
                                        "allows resending the same request")
         if expired:
             await self._finalize(held, "unknown", reason=expired)
             return "unknown"
+        if capped:
+            return await self._cap(held, connector_name, "lease expired without an answer")
         await self._finalize(held, "unknown", reason="lease expired without a recorded answer; "
-                             "the provider cannot be asked: an operator must reconcile")
+                             "the provider cannot be asked: an operator must reconcile; "
+                             + fenced)
+        return "unknown"
+
+    async def _fence(self, connector: base.Connector, held: dispatch.Claim,
+                     call: base.Call) -> str:
+        """Advance the provider's fence to the take-over's generation (fencing connectors),
+        audited; returns what that means for a late call, for the recorded reason."""
+        if not boundary.can_fence(connector):
+            return ("the provider cannot be fenced: a stalled earlier call may still land "
+                    "(it carried its deadline)")
+        token = self.credentials.token(connector.name, held.tenant_id)
+        answer: base.FenceResult
+        if token is None:
+            answer = base.NotSent("no lookup credential for this tenant")
+        else:
+            with spans.span(tracer, "fence", kind=SpanKind.CLIENT, attributes={
+                    spans.CONNECTOR: connector.name, spans.GENERATION: held.generation}):
+                answer = await boundary.fence(
+                    connector, replace(call, fencing_generation=held.generation), token,
+                    bound_s=connector.contract.call_timeout_s)
+        advanced = isinstance(answer, base.Advanced)
+        async with self.pool.acquire() as conn:
+            await dispatch.record_fence(conn, held, advanced=advanced, detail=(
+                "advanced" if advanced else getattr(answer, "reason", "not advanced")),
+                traceparent=spans.traceparent_of())
+        if advanced:
+            return (f"the provider's fence was advanced to generation {held.generation}: an "
+                    "earlier call can no longer apply")
+        why = common.reason_text(getattr(answer, "reason", "no answer"))[:200]
+        log.warning("event=fence_not_advanced operation_id=%s generation=%d reason=%s",
+                    held.operation_id, held.generation, why)
+        return (f"the provider's fence could not be advanced ({why}): a stalled earlier call "
+                "may still land")
+
+    async def _cap(self, held: dispatch.Claim, connector_name: str, last: str) -> Action:
+        """A take-over at the generation cap: held as ``unknown`` for an operator (R7.5)."""
+        await self._finalize(held, "unknown", reason=common.reason_text(
+            f"retry cap: {held.generation} dispatch generations without a definitive "
+            f"answer (last: {last[:200]}); held for an operator"))
+        telemetry_metrics.retries_capped.add(
+            1, connector=telemetry_metrics.bounded(connector_name))
+        log.warning("event=retry_capped operation_id=%s generation=%d", held.operation_id,
+                    held.generation)
         return "unknown"
 
     async def _requeue(self, held: dispatch.Claim, connector_name: str, reason: str) -> Action:

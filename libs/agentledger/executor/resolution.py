@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 from uuid import UUID
 
@@ -41,7 +41,8 @@ import asyncpg
 from opentelemetry import trace
 
 from agentledger import errors, identity
-from agentledger.connectors import base
+from agentledger.connectors import base, boundary
+from agentledger.contracts import common
 from agentledger.ledger import dispatch, repository, resolutions
 from agentledger.policy import repository as policy_repo
 from agentledger.telemetry import spans
@@ -67,6 +68,8 @@ class Resolved:
     resolved_by: str
     outcome: Outcome
     check: Checked
+    # Why a late call may still land and contradict it; None: none can.
+    provisional: str | None = None
 
 
 async def resolve(
@@ -102,17 +105,83 @@ async def resolve(
     if row["state"] != "unknown":
         raise errors.InvalidTransition(f"only an unknown command can be resolved (it is "
                                        f"{row['state']})", operation_id=str(operation_id))
+    connector = connectors.get(row["connector"])
+    # Fence first: once the provider refuses every earlier generation, no late call can land
+    # after what is recorded below (issue 37).
+    fence_failed = None
+    if connector is not None and boundary.can_fence(connector):
+        fence_failed = await _fence(conn, connector, credentials, row)
+        if fence_failed is not None and not allow_unchecked:
+            raise errors.ReceiptUnverifiable(
+                f"{fence_failed}: a stalled earlier call could land after the resolution; try "
+                "again later, or record it provisionally (--allow-unchecked)",
+                connector=row["connector"])
     tried = await dispatch.attempts(conn, tenant_id, operation_id)
     with spans.span(tracer, "resolution.check", attributes={
             spans.OPERATION_ID: str(operation_id), spans.CONNECTOR: row["connector"]}):
-        checked = await check(connectors.get(row["connector"]), credentials, row, tried,
+        checked = await check(connector, credentials, row, tried,
                               outcome=outcome, receipt=receipt,
                               allow_unchecked=allow_unchecked, now=now)
+    provisional = fence_failed or may_land(connector, tried, now=now)
     resolution_id = await resolutions.resolve_unknown(
         conn, tenant_id, operation_id, outcome=outcome, resolved_by=operator.principal_id,
         reason=reason, receipt=receipt, evidence=evidence, override_acting=override_acting,
-        max_call_s=max_call_s, receipt_check=checked.check, check_detail=checked.detail)
-    return Resolved(resolution_id, operator.principal_id, outcome, checked)
+        max_call_s=max_call_s, receipt_check=checked.check, check_detail=checked.detail,
+        provisional=provisional)
+    return Resolved(resolution_id, operator.principal_id, outcome, checked, provisional)
+
+
+async def _fence(conn: repository.Conn, connector: base.Connector,
+                 credentials: base.Credentials, row: Mapping[str, Any] | asyncpg.Record
+                 ) -> str | None:
+    """A new generation for the command and the provider's fence advanced to it; None when
+    it was, else why not (audited either way)."""
+    generation = await dispatch.advance_generation(conn, row["tenant_id"], row["operation_id"])
+    token = credentials.token(connector.name, row["tenant_id"])
+    answer: base.FenceResult
+    if token is None:
+        answer = base.NotSent(f"no lookup credential for connector {connector.name} and this "
+                              "tenant")
+    else:
+        call = base.Call(row["tenant_id"], row["operation_id"], row["action"],
+                         row["resource_id"], {}, row["expected_revision"],
+                         fencing_generation=generation)
+        answer = await boundary.fence(connector, call, token,
+                                      bound_s=connector.contract.call_timeout_s)
+    advanced = isinstance(answer, base.Advanced)
+    why = "advanced" if advanced else common.reason_text(getattr(answer, "reason", "no answer"))
+    await dispatch.fence_recorded(conn, row["tenant_id"], row["operation_id"], generation,
+                                  advanced=advanced, detail=why)
+    if advanced:
+        return None
+    return (f"the {connector.name} fence could not be advanced to generation {generation} "
+            f"({why[:200]})")
+
+
+def may_land(connector: base.Connector | None, tried: Sequence[Mapping[str, Any]], *,
+             now: datetime | None = None) -> str | None:
+    """Why a sent attempt's call may still land after a resolution recorded now, or None.
+
+    None when no attempt may have reached the provider without an answer since, when the
+    connector's provider is fenced (the resolution advanced the fence, :func:`resolve`), or
+    when it honours request deadlines and the last one has passed.
+    """
+    in_flight = [a for a in tried if a.get("sent_at") is not None and a.get("late_answer") is None]
+    if not in_flight:
+        return None
+    if connector is not None and boundary.can_fence(connector):
+        return None
+    if connector is not None and connector.contract.deadline:
+        ends = max(a["sent_at"] for a in in_flight) + timedelta(
+            seconds=connector.contract.call_timeout_s + dispatch.CALL_MARGIN_S)
+        if (now or datetime.now(UTC)) >= ends:
+            return None
+        return (f"a late call may still land: the provider refuses requests past their "
+                f"deadline, and the last one ({ends.isoformat(timespec='seconds')}) has not "
+                "passed")
+    name = connector.name if connector is not None else "its"
+    return (f"a late call may still land: the {name} provider can neither be fenced nor "
+            "refuse a request past its deadline, so a stalled attempt may still apply")
 
 
 async def check(
@@ -127,6 +196,18 @@ async def check(
         ReceiptContradicted, ReceiptUnverifiable: see the module's table.
     """
     name = str(row["connector"])
+    late = [a for a in tried if a.get("late_answer") == "applied"]
+    if late:
+        # The provider already answered an attempt of this command: applied.
+        said, generation = late[-1]["late_receipt"], late[-1]["fencing_generation"]
+        if outcome == "succeeded" and said == receipt:
+            return Checked("confirmed", f"the provider's late answer to the attempt of "
+                           f"generation {generation} applied it with this receipt")
+        raise errors.ReceiptContradicted(
+            f"the provider answered applied (receipt {str(said)[:200]}) to the attempt of "
+            f"generation {generation}: "
+            + ("not the receipt given" if outcome == "succeeded" else "it did not fail"),
+            provider_receipt=str(said)[:200])
 
     def unanswered(why: str) -> Checked:
         if not allow_unchecked:
@@ -146,7 +227,7 @@ async def check(
         return unanswered(f"no lookup credential for connector {name} and this tenant")
     call = base.Call(row["tenant_id"], row["operation_id"], row["action"], row["resource_id"],
                      {}, row["expected_revision"])
-    found = await connector.lookup(call, token)
+    found = await boundary.lookup(connector, call, token, bound_s=contract.call_timeout_s)
     if isinstance(found, base.Applied):
         if outcome == "succeeded" and found.receipt == receipt:
             return Checked("confirmed", f"the {name} lookup found the effect with this receipt")

@@ -276,6 +276,12 @@ async def finalize(
         StaleClaim: the claim was taken over; nothing was written.
     """
     attempt_result = "error" if state == "pending" else state
+    # Text from a provider is made storable at the connector boundary; again here, so that no
+    # value can make the one write that records an outcome fail (issue 38 §2).
+    if receipt is not None:
+        receipt = outcomes.receipt_text(receipt, str(held.operation_id))
+    if reason is not None:
+        reason = common.reason_text(reason)
     # Built before any write: a payload that cannot be built (a success without a receipt)
     # writes nothing.
     audit = repository.event_json(
@@ -297,6 +303,42 @@ async def finalize(
             )
         if also is not None:
             await also(tx)
+
+
+async def record_fence(conn: Conn, held: Claim, *, advanced: bool, detail: str,
+                       traceparent: str | None = None) -> None:
+    """Audit a fence call made for ``held``'s generation (a take-over's, issue 37): whether
+    the provider now refuses every earlier generation of the key."""
+    await fence_recorded(conn, held.tenant_id, held.operation_id, held.generation,
+                         advanced=advanced, detail=detail, traceparent=traceparent)
+
+
+async def fence_recorded(conn: Conn, tenant_id: UUID, operation_id: UUID, generation: int, *,
+                         advanced: bool, detail: str, traceparent: str | None = None) -> None:
+    """Audit a fence call for ``generation``: ``command.fence_advanced`` or
+    ``command.fence_not_advanced`` with why."""
+    async with repository.transaction(conn, tenant_id) as tx:
+        await repository.append_event(
+            tx, tenant_id=tenant_id, operation_id=operation_id, family="audit",
+            type="command.fence_advanced" if advanced else "command.fence_not_advanced",
+            payload={"operation_id": str(operation_id), "fencing_generation": generation,
+                     "detail": common.reason_text(detail)},
+            traceparent=traceparent)
+
+
+async def advance_generation(conn: Conn, tenant_id: UUID, operation_id: UUID) -> int:
+    """A new fencing generation for an ``unknown`` command nobody holds, so an operator's
+    resolution can fence every earlier attempt out at the provider before it is recorded.
+
+    Raises:
+        InvalidTransition: the command is not ``unknown``.
+    """
+    async with repository.transaction(conn, tenant_id) as tx:
+        generation = await tx.fetchval(Q["advance_generation"], tenant_id, operation_id)
+    if generation is None:
+        raise errors.InvalidTransition("only an unknown command can be resolved",
+                                       operation_id=str(operation_id))
+    return int(generation)
 
 
 async def attempts(conn: Conn, tenant_id: UUID, operation_id: UUID) -> list[dict[str, Any]]:

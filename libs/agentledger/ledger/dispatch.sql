@@ -123,10 +123,17 @@ WITH done AS (
 SELECT fencing_generation FROM done;
 
 -- name: attempts --
--- Every attempt of a command, oldest first.
+-- Every attempt of a command, oldest first, with what a provider answered it late (0024).
 SELECT attempt_id, fencing_generation, worker_id, kind, started_at, sent_at, finished_at, result,
-       detail, traceparent
+       detail, traceparent, late_answer, late_receipt, late_at
 FROM command_attempt WHERE tenant_id = $1 AND operation_id = $2 ORDER BY started_at, attempt_id;
+
+-- name: advance_generation --
+-- An operator's resolution fences every earlier attempt out (issue 37): a new generation for
+-- an `unknown` command nobody holds, which the connector then presents to the provider.
+UPDATE agent_command SET fencing_generation = fencing_generation + 1
+WHERE tenant_id = $1 AND operation_id = $2 AND state = 'unknown' AND claim_token IS NULL
+RETURNING fencing_generation;
 
 -- name: release --
 -- Give a claimed command back to `pending`, conditional on the claim: only when it is proven
@@ -201,10 +208,10 @@ WHERE tenant_id = $1 AND operation_id = $2 AND state = 'unknown'
 RETURNING fencing_generation;
 
 -- name: record_resolution --
--- Who resolved it, when, why, with what evidence.
+-- Who resolved it, when, why, with what evidence; $8: a late call may still land (0024).
 INSERT INTO command_resolution (tenant_id, operation_id, resolved_by, outcome, receipt, reason,
-                                evidence)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+                                evidence, provisional)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 RETURNING resolution_id, resolved_at;
 
 -- name: unknown_commands --

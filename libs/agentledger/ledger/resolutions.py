@@ -19,7 +19,7 @@ async def resolve_unknown(
     conn: Conn, tenant_id: UUID, operation_id: UUID, *, outcome: Literal["succeeded", "failed"],
     resolved_by: str, reason: str, receipt_check: ReceiptCheck, check_detail: str,
     receipt: str | None = None, evidence: str | None = None, override_acting: bool = False,
-    max_call_s: float = MAX_CALL_S,
+    max_call_s: float = MAX_CALL_S, provisional: str | None = None,
 ) -> UUID:
     """An operator resolves an ``unknown`` command, recorded with who, when, why (R6.6).
 
@@ -33,6 +33,9 @@ async def resolve_unknown(
     closed, younger than ``max_call_s``): a stalled worker's call could land after the
     resolution and contradict it. ``override_acting`` resolves anyway; the risk is recorded
     in the resolution's reason and audit event.
+
+    ``provisional``: why a late call may still land and contradict this resolution (a
+    provider that cannot be fenced, issue 37); recorded with it and shown by ``explain``.
 
     Raises:
         ValidationFailed: ``succeeded`` without a receipt (never a success without one).
@@ -51,6 +54,8 @@ async def resolve_unknown(
                 f"may act until {max_call_s:.0f} s after; resolve after that, or override "
                 "knowing its effect may still land", operation_id=str(operation_id))
         reason = f"[{receipt_check}: {check_detail[:200]}] {reason}"
+        if provisional:
+            reason = f"[PROVISIONAL: {provisional[:200]}] " + reason
         if acting:
             reason = (f"[OVERRIDE: resolved while {len(acting)} attempt(s) may still act] "
                       + reason)
@@ -61,7 +66,8 @@ async def resolve_unknown(
             raise errors.InvalidTransition("only an unknown command can be resolved",
                                            operation_id=str(operation_id))
         resolution = await tx.fetchrow(Q["record_resolution"], tenant_id, operation_id,
-                                       resolved_by, outcome, receipt, reason, evidence)
+                                       resolved_by, outcome, receipt, reason, evidence,
+                                       provisional is not None)
         assert resolution is not None
         await repository.append_event(
             tx, tenant_id=tenant_id, operation_id=operation_id, family="audit",
@@ -71,7 +77,10 @@ async def resolve_unknown(
                      "resolution_id": str(resolution["resolution_id"]),
                      "receipt_check": receipt_check,
                      "check_detail": common.reason_text(check_detail),
-                     "overrode_acting_attempts": len(acting)},
+                     "overrode_acting_attempts": len(acting),
+                     "provisional": provisional is not None,
+                     "provisional_reason": (None if provisional is None
+                                            else common.reason_text(provisional))},
         )
         await repository.append_event(
             tx, tenant_id=tenant_id, operation_id=operation_id, family="outcome",

@@ -62,6 +62,9 @@ agent_command = Table(
     _ts("updated_at", nullable=False, default_now=True),
     _ts("dispatched_at"),
     _ts("finished_at"),
+    # A provider's later answer disagrees with the recorded outcome (0024): a flag, not a state.
+    _ts("contradicted_at"),
+    Column("contradiction", Text),
 )
 
 command_attempt = Table(
@@ -80,6 +83,10 @@ command_attempt = Table(
     Column("traceparent", Text),
     # When the pre-call check stamped it (0014): it may have reached the connector.
     _ts("sent_at"),
+    # What the provider answered after the claim was taken from this attempt's worker (0024).
+    Column("late_answer", Text),
+    Column("late_receipt", Text),
+    _ts("late_at"),
     ForeignKeyConstraint(
         ["tenant_id", "operation_id"],
         ["agent_command.tenant_id", "agent_command.operation_id"],
@@ -109,6 +116,8 @@ command_resolution = Table(
     Column("receipt", Text),
     Column("reason", Text, nullable=False),
     Column("evidence", Text),
+    # A late call may still land and contradict it (0024).
+    Column("provisional", Boolean, nullable=False, server_default=text("false")),
     ForeignKeyConstraint(
         ["tenant_id", "operation_id"],
         ["agent_command.tenant_id", "agent_command.operation_id"],

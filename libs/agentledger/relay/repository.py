@@ -114,7 +114,7 @@ def create_slot(repl_cursor: Any, slot: str) -> tuple[int, str] | None:
     point are visible in the snapshot and never streamed; later ones are streamed. The
     snapshot lives until the next command on this replication connection.
     """
-    if not _SLOT_NAME.match(slot):
+    if not _SLOT_NAME.fullmatch(slot):
         raise errors.RelayError("unusable slot name", slot=slot)
     try:
         with translated("create_replication_slot"):

@@ -94,7 +94,7 @@ class Router:
 
     def _destination(self, table: str, aggregatetype: str) -> tuple[str, str, str]:
         if table == COMMAND_TABLE:
-            if _CONNECTOR.match(aggregatetype):
+            if _CONNECTOR.fullmatch(aggregatetype):
                 return "exec", f"exec.{aggregatetype}.v1", ""
             return "dlq", DEAD_LETTER_TOPIC, "connector name not usable in a topic"
         if table == EVENT_TABLE and aggregatetype in EVENT_TOPICS:

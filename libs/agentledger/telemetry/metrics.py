@@ -44,14 +44,14 @@ def labels(metric: str, declared: tuple[str, ...], values: dict[str, str]) -> di
     if set(values) != set(declared):
         raise UnboundedLabel(f"{metric}: labels {sorted(values)} != declared {sorted(declared)}")
     for name, value in values.items():
-        if not isinstance(value, str) or not _VALUE.match(value):
+        if not isinstance(value, str) or not _VALUE.fullmatch(value):
             raise UnboundedLabel(f"{metric}: the value of {name!r} is not a bounded name")
     return dict(values)
 
 
 def bounded(value: str | None, known: Container[str] | None = None) -> str:
     """``value`` when it is a bounded name (and in ``known``, if given), else ``OTHER``."""
-    if value is None or not _VALUE.match(value) or (known is not None and value not in known):
+    if value is None or not _VALUE.fullmatch(value) or (known is not None and value not in known):
         return OTHER
     return value
 
@@ -182,3 +182,24 @@ retries_capped = Counter(
     description="Commands held `unknown` for an operator at the cap of dispatch generations.",
     labels=("connector",))
 unknown_backlog = UnknownBacklog(_meter)
+unclassified_answers = Counter(
+    _meter, "agentledger.provider.unclassified", unit="{answer}",
+    description="Connector answers the boundary could not take as given (an exception, a "
+                "value of another type): recorded as in doubt. By connector and call "
+                "(execute, lookup, fence).",
+    labels=("connector", "stage"))
+late_answers = Counter(
+    _meter, "agentledger.late_answers", unit="{answer}",
+    description="Answers a worker received after its claim was taken over, recorded on its "
+                "attempt (never dropped), by connector and what the provider said.",
+    labels=("connector", "outcome"))
+contradictions = Counter(
+    _meter, "agentledger.contradictions", unit="{command}",
+    description="Commands whose recorded outcome a provider's later answer contradicts "
+                "(e.g. resolved `failed`, then a late call applied): an operator must act.",
+    labels=("connector",))
+sweep_failures = Counter(
+    _meter, "agentledger.reconciler.item_failures", unit="{item}",
+    description="Items of a reconciler sweep that raised; the sweep went on with the others "
+                "and the item is tried again next period (within its generation cap).",
+    labels=("connector",))

@@ -332,7 +332,8 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
         start("reconciler", "agentledger.services.reconciler", {
             "AGENTLEDGER_RECONCILER_CRM_URL": crm.url, "AGENTLEDGER_RECONCILER_PERIOD_S": "1",
             "AGENTLEDGER_RECONCILER_LOOKUP_TOKENS": json.dumps(
-                {c: {tenant: tokens["lookup"]} for c in ("crm", *(connectors or {}))})},
+                {c: {tenant: tokens["lookup"]}
+                 for c in ("crm", "billing", *(connectors or {}))})},
             lambda: "event=reconciler_started"
             in (logs / "reconciler.log").read_text(errors="replace"))
         if console:

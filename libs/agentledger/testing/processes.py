@@ -90,6 +90,13 @@ def terminate(proc: subprocess.Popen[bytes], grace: float = STOP_TIMEOUT_S) -> N
         proc.wait(timeout=10)
 
 
+# What every service this kit starts runs on unless its env says otherwise: the packaged
+# (demo) allowlist, policies and connectors — tests, the bench and the demo are the demo's
+# deployment. Outside it a service refuses to start without its operator's configuration
+# (settings.require_configuration).
+PROFILE: dict[str, str] = {"AGENTLEDGER_PROFILE": settings.DEMO_PROFILE}
+
+
 class Service:
     """A running child process; its output goes to ``log``."""
 
@@ -103,7 +110,7 @@ class Service:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(  # noqa: S603 - our own interpreter and module
                 [*self.prefix, sys.executable, "-m", self.module],
-                env={**os.environ, **self.env},
+                env={**os.environ, **PROFILE, **self.env},
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
 
@@ -174,7 +181,7 @@ def _is_ours(pid: int, marker: str) -> bool:
 def start(home: Path, name: str, module: str, env: Mapping[str, str]) -> Detached:
     """Start ``python -m module`` detached, logging to ``home/logs/name.log``, pid file written."""
     return start_command(home, name, [sys.executable, "-m", module], module,
-                         {**env, "PYTHONUNBUFFERED": "1"})
+                         {**PROFILE, **env, "PYTHONUNBUFFERED": "1"})
 
 
 def start_command(home: Path, name: str, argv: Sequence[str], marker: str,

@@ -7,10 +7,13 @@ Message-ID, a lookup finds it, and an answer lost after the server accepted the 
 
 from __future__ import annotations
 
+import smtplib
 import uuid
 from collections.abc import Iterator
+from email.message import EmailMessage
 from typing import Any
 
+import agentledger_email
 import pytest
 
 from agentledger import errors
@@ -38,12 +41,29 @@ def server() -> Iterator[mailpit.Mailpit]:
 def options(server: mailpit.Mailpit, port: int | None = None) -> dict[str, object]:
     return {"smtp_host": "127.0.0.1", "smtp_port": port or server.smtp_port,
             "sender": "agent@acme.test", "lookup_url": server.http_url, "timeout_s": 5,
-            "recipient_domains": ["example.com"]}
+            "recipient_domains": ["example.com"], "deployment_id": "email-tests"}
 
 
 def call(to: str = "ada@example.com", subject: str = "Your refund") -> Call:
     return Call(TENANT, uuid.uuid4(), "email.send", to,
                 {"subject": subject, "body": "It is on its way.\n.\nRegards"}, None)
+
+
+def mid(c: Call) -> str:
+    """The Message-ID this deployment's connector gives the call's message."""
+    return agentledger_email.message_id(c.operation_id, agentledger_email.deployment_domain(
+        "email-tests"))
+
+
+def plant(server: mailpit.Mailpit, message_id: str, *, sender: str = "agent@acme.test",
+          to: str = "ada@example.com") -> None:
+    """Put a message into Mailpit directly over SMTP, as anyone who can reach it could."""
+    message = EmailMessage()
+    message["From"], message["To"], message["Subject"] = sender, to, "look-alike"
+    message["Message-ID"] = f"<{message_id}>"
+    message.set_content("not ours")
+    with smtplib.SMTP("127.0.0.1", server.smtp_port, timeout=10) as smtp:
+        smtp.send_message(message)
 
 
 def make(server: mailpit.Mailpit, port: int | None = None):  # type: ignore[no-untyped-def]
@@ -57,8 +77,8 @@ async def test_a_sent_message_carries_the_operation_id_and_is_found_by_lookup(
     c = call()
     try:
         sent = await connector.execute(c, "")
-        assert sent == Applied(receipt=f"email:{c.operation_id}@agentledger")
-        held = server.messages(f"{c.operation_id}@agentledger")
+        assert sent == Applied(receipt=f"email:{mid(c)}")
+        held = server.messages(mid(c))
         assert len(held) == 1
         assert held[0]["Subject"] == "Your refund"
         assert [t["Address"] for t in held[0]["To"]] == ["ada@example.com"]  # type: ignore[index]
@@ -78,11 +98,31 @@ async def test_an_answer_lost_after_acceptance_is_in_doubt_and_the_lookup_settle
         sent = await connector.execute(c, "")
         assert proxy.dropped == 1  # the server accepted it, and its answer was dropped
         assert isinstance(sent, InDoubt), sent
-        assert len(server.messages(f"{c.operation_id}@agentledger")) == 1
+        assert len(server.messages(mid(c))) == 1
         assert await connector.lookup(c, "") == Applied(
-            receipt=f"email:{c.operation_id}@agentledger")
+            receipt=f"email:{mid(c)}")
     finally:
         proxy.close()
+        await connector.aclose()
+
+
+async def test_a_lookup_never_takes_a_look_alike_for_the_effect(server: mailpit.Mailpit) -> None:
+    # Issue 38 class 5: on 85a9f05 any message whose Message-ID was <operation id>@agentledger
+    # settled the lookup, whoever sent it to whomever — and the domain was every deployment's.
+    connector = make(server)
+    c = call()
+    try:
+        plant(server, f"{c.operation_id}@agentledger")  # the old, shared domain
+        plant(server, mid(c), sender="mallory@evil.test")  # our id, another sender
+        plant(server, mid(c), to="eve@example.com")  # our id and sender, another recipient
+        plant(server, agentledger_email.message_id(  # our id, another deployment's domain
+            c.operation_id, agentledger_email.deployment_domain("another-deployment")))
+        assert len(server.messages(mid(c))) == 2  # the two with our id are in the store...
+        found = await connector.lookup(c, "")
+        assert isinstance(found, NotFound), found  # ...and neither is this operation's effect
+        plant(server, mid(c))  # the real thing: our id, our sender, its recipient
+        assert await connector.lookup(c, "") == Applied(receipt=f"email:{mid(c)}")
+    finally:
         await connector.aclose()
 
 
@@ -94,7 +134,7 @@ async def test_a_refused_recipient_and_an_unreachable_server_send_nothing(
     try:
         refused = await connector.execute(c, "")
         assert isinstance(refused, Refused) and refused.status >= 500, refused
-        assert server.messages(f"{c.operation_id}@agentledger") == []
+        assert server.messages(mid(c)) == []
     finally:
         await connector.aclose()
     nowhere = make(server, mailpit.free_port())  # nothing listens there
