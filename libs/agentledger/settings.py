@@ -90,13 +90,15 @@ def missing_configuration(*, allowlist: bool = False, policies: bool = False,
         _SOURCES[name])]
 
 
-def require_configuration(service: str, **needs: bool) -> None:
+def require_configuration(service: str, *, allowlist: bool = False, policies: bool = False,
+                          connectors: bool = False) -> None:
     """Stop a service that would run on the packaged (demo) configuration, in one line.
 
     Raises:
         SystemExit: naming what to set; no traceback.
     """
-    missing = missing_configuration(**needs)
+    missing = missing_configuration(allowlist=allowlist, policies=policies,
+                                    connectors=connectors)
     if missing:
         raise SystemExit(
             f"agentledger {service}: {', '.join(missing)} not set; name the operator's "

@@ -27,7 +27,6 @@ import yaml
 from pydantic_settings import BaseSettings
 
 from agentledger import settings
-
 from tests.deploy.conftest import MANIFEST_RESULTS
 from tests.deploy.test_compose import NEEDS, SETTINGS
 

@@ -15,7 +15,7 @@ SERVICES = ["admission", "executor", "reconciler", "planner", "console"]
 @pytest.mark.parametrize("service", SERVICES)
 def test_a_service_without_configuration_names_it_and_stops(service: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLEDGER_")}
-    done = subprocess.run(  # noqa: S603 - our own interpreter and module
+    done = subprocess.run(
         [sys.executable, "-m", f"agentledger.services.{service}"], env=env,
         capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 1, done.stderr
