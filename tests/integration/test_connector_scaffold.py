@@ -32,8 +32,9 @@ async def api() -> AsyncIterator[str]:
         return web.json_response({"id": made}, status=201)
 
     async def operation(request: web.Request) -> web.Response:
-        found = by_key.get(request.match_info["key"])
-        return web.json_response({"id": found}) if found else web.Response(status=404)
+        key = request.match_info["key"]
+        found = by_key.get(key)
+        return web.json_response({"id": found, "key": key}) if found else web.Response(status=404)
 
     app = web.Application()
     app.router.add_post("/v1/things/{thing}/examples", create)
@@ -57,12 +58,14 @@ async def test_a_scaffolded_connector_keeps_its_contract_and_its_tests_run_the_k
         found = await conformance.check(conformance.Endpoint(
             connector=connector, tenant_id=uuid.uuid4(), write_token="t", lookup_token="t",
             sample=conformance.Sample("tickets.example.create", "th-1", {"text": "x"}),
-            stale_revision="7"))
+            stale_revision="7",
+            retarget=lambda t: plugins.make("tickets", {
+                "factory": "agentledger_tickets:connector", "url": t.http_url})))
     finally:
         await connector.aclose()
     assert {f.claim: f.holds for f in found} == {
         "applies": True, "dedupes": True, "lookup_finds": True, "lookup_not_found": True,
-        "if_match": True, "fencing": None}
+        "if_match": True, "fencing": None, "lookup_ignores_lookalike": True, "answers": True}
     # Its own tests, as its author runs them, with the kit's pytest plugin (awaited: this
     # loop serves the API meanwhile).
     ran = await asyncio.create_subprocess_exec(

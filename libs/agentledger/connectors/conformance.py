@@ -15,8 +15,18 @@ so the kit checks each declared claim against the endpoint, for real:
   "found" for everything would turn every lost answer into an invented success);
 - ``If-Match`` (a stale sample given) — ``if_match``: a call naming a revision that is not
   the current one is refused as a failed precondition, and (with lookup) nothing was applied;
-- ``fencing`` — ``fencing``: after a write under generation 2, the same key under generation 1
-  is refused.
+- ``fencing`` — ``fencing``: after the fence of a fresh key is advanced to generation 2
+  (``fence``, no write), a call under generation 1 is refused (and, with lookup, nothing was
+  applied): what a take-over or an operator's resolution relies on (issue 37);
+- ``lookup`` — ``lookup_ignores_lookalike``: a lookup does not take a look-alike for this
+  operation's effect: the sample applied under another key (and whatever ``lookalikes``
+  plants, e.g. a message with this operation's id from another sender) is not found;
+- ``answers`` (with ``retarget``): a copy of the connector pointed at hostile stand-ins
+  (:mod:`agentledger.connectors.hostile`) gets redirects, bodies that are not UTF-8 or not
+  JSON objects, lying lengths, megabyte NUL-bearing receipts, dropped connections and late
+  answers: through the SDK's boundary every one is classified — never a success the stand-in
+  did not apply, never an applied effect called not done, every receipt storable, no
+  redirect followed (R14).
 
 A claim the connector does not declare is reported as not checked, never as passed. The kit
 writes to the endpoint: point it at a test tenant.
@@ -24,12 +34,16 @@ writes to the endpoint: point it at a test tenant.
 
 from __future__ import annotations
 
+import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agentledger.connectors import base
+import pydantic
+
+from agentledger.connectors import base, boundary, hostile
+from agentledger.contracts import outcomes
 
 
 @dataclass(frozen=True)
@@ -52,9 +66,29 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class Targets:
+    """Where a re-pointed copy of the connector sends: a hostile HTTP stand-in (every option
+    that is an http(s) URL) and a hostile SMTP stand-in (``smtp_host``, ``smtp_port``)."""
+
+    http_url: str
+    smtp_host: str
+    smtp_port: int
+
+
+# Plants, in the endpoint, an effect that resembles the given call's but is not it (another
+# sender, another deployment's id, another recipient).
+Planter = Callable[[base.Call], Awaitable[None]]
+
+
+@dataclass(frozen=True)
 class Endpoint:
     """What the kit needs: the connector (made for the endpoint), a tenant it may write in,
-    its tokens, a sample call and, to check If-Match, a stale revision of the sample's target."""
+    its tokens, a sample call and, to check If-Match, a stale revision of the sample's target.
+
+    ``retarget`` makes a copy of the connector for other :class:`Targets` (the ``answers``
+    claim; ``agentledger connector test`` derives it from the connector's options);
+    ``lookalikes`` plant endpoint-specific look-alike effects (``lookup_ignores_lookalike``).
+    """
 
     connector: base.Connector
     tenant_id: uuid.UUID
@@ -62,6 +96,8 @@ class Endpoint:
     lookup_token: str
     sample: Sample
     stale_revision: str | None = None
+    retarget: Callable[[Targets], base.Connector] | None = None
+    lookalikes: Sequence[Planter] = ()
 
 
 def _call(endpoint: Endpoint, sample: Sample, *, generation: int | None = 1,
@@ -71,9 +107,26 @@ def _call(endpoint: Endpoint, sample: Sample, *, generation: int | None = 1,
                      fencing_generation=generation)
 
 
+class _Through:
+    """The connector as the executor and the reconciler call it: through the boundary."""
+
+    def __init__(self, connector: base.Connector) -> None:
+        self.connector, self.contract = connector, connector.contract
+        self.bound = connector.contract.call_timeout_s
+
+    async def execute(self, call: base.Call, token: str) -> base.Result:
+        return await boundary.execute(self.connector, call, token, bound_s=self.bound)
+
+    async def lookup(self, call: base.Call, token: str) -> base.Lookup:
+        return await boundary.lookup(self.connector, call, token, bound_s=self.bound)
+
+    async def fence(self, call: base.Call, token: str) -> base.FenceResult:
+        return await boundary.fence(self.connector, call, token, bound_s=self.bound)
+
+
 async def check(endpoint: Endpoint) -> list[Finding]:
     """Every claim of the connector's contract, checked against the endpoint."""
-    c, contract = endpoint.connector, endpoint.connector.contract
+    c, contract = _Through(endpoint.connector), endpoint.connector.contract
     found: list[Finding] = []
     call = _call(endpoint, endpoint.sample)
     first = await c.execute(call, endpoint.write_token)
@@ -136,24 +189,207 @@ async def check(endpoint: Endpoint) -> list[Finding]:
                 ok, detail = False, f"refused, yet the lookup answered {after!r}"
         found.append(Finding("if_match", ok, detail))
 
-    if contract.fencing:
-        op = uuid.uuid4()
-        newer = await c.execute(_call(endpoint, endpoint.sample, generation=2, operation_id=op),
-                                endpoint.write_token)
-        if not isinstance(newer, base.Applied):
-            found.append(Finding("fencing", None, f"the generation-2 write answered {newer!r}"))
-        else:
-            older = await c.execute(
-                _call(endpoint, endpoint.sample, generation=1, operation_id=op),
-                endpoint.write_token)
-            ok = isinstance(older, base.Fenced)
-            found.append(Finding("fencing", ok, (
-                "a lower generation for the same key was refused" if ok else
-                f"a lower generation for the same key answered {older!r}: a stale worker "
-                "could still write")))
-    else:
-        found.append(Finding("fencing", None, "the contract declares no fencing"))
+    found.append(await _fencing(endpoint, c))
+    found.append(await _lookalike(endpoint, c, applied=receipt is not None))
+    found.append(await _answers(endpoint))
     return found
+
+
+async def _fencing(endpoint: Endpoint, c: _Through) -> Finding:
+    if not c.contract.fencing:
+        return Finding("fencing", None, "the contract declares no fencing")
+    op = uuid.uuid4()
+    advanced = await c.fence(_call(endpoint, endpoint.sample, generation=2, operation_id=op),
+                             endpoint.lookup_token)
+    if not isinstance(advanced, base.Advanced):
+        return Finding("fencing", False, f"advancing the fence of a fresh key to generation 2 "
+                       f"answered {advanced!r}: a take-over could not fence a stalled worker "
+                       "out before deciding without it")
+    stale = await c.execute(_call(endpoint, endpoint.sample, generation=1, operation_id=op),
+                            endpoint.write_token)
+    if not isinstance(stale, base.Fenced):
+        return Finding("fencing", False, f"after the fence was advanced to generation 2, a call "
+                       f"under generation 1 answered {stale!r}: a stalled worker's late call "
+                       "could still write")
+    if c.contract.lookup:
+        after = await c.lookup(_call(endpoint, endpoint.sample, generation=None,
+                                     operation_id=op), endpoint.lookup_token)
+        if not isinstance(after, base.NotFound):
+            return Finding("fencing", False, f"the refused stale call left {after!r} behind")
+    return Finding("fencing", True, "advanced to generation 2 without a write, a call under "
+                   "generation 1 was refused and applied nothing")
+
+
+async def _lookalike(endpoint: Endpoint, c: _Through, *, applied: bool) -> Finding:
+    if not c.contract.lookup:
+        return Finding("lookup_ignores_lookalike", None, "the contract declares no lookup")
+    if not applied:
+        return Finding("lookup_ignores_lookalike", None, "the sample call was not applied, "
+                       "so there is nothing to look alike")
+    # The sample's effect exists under another key (the first call); this key's never did.
+    tried = ["the sample's effect under another key"]
+    fresh = _call(endpoint, endpoint.sample, generation=None)
+    seen = await c.lookup(fresh, endpoint.lookup_token)
+    if isinstance(seen, base.Applied):
+        return Finding("lookup_ignores_lookalike", False, f"a key never sent was 'found' "
+                       f"({seen!r}) while the same call exists under another key: a look-alike "
+                       "turns a lost answer into an invented success")
+    for plant in endpoint.lookalikes:
+        fresh = _call(endpoint, endpoint.sample, generation=None)
+        await plant(fresh)
+        tried.append(getattr(plant, "__name__", "a planted look-alike"))
+        seen = await c.lookup(fresh, endpoint.lookup_token)
+        if isinstance(seen, base.Applied):
+            return Finding("lookup_ignores_lookalike", False, f"{tried[-1]} was 'found' "
+                           f"({seen!r}): the lookup does not check what identifies the effect")
+    return Finding("lookup_ignores_lookalike", True, "not found: " + "; ".join(tried))
+
+
+# ---- answers: a copy of the connector against hostile stand-ins --------------------------
+
+# The call bound the kit gives the boundary for a hostile answer: short, so an answer held
+# past it (3 s) is in doubt without the kit waiting a whole declared bound.
+HOSTILE_BOUND_S = 1.0
+HOSTILE_DELAY_S = 3.0
+
+
+@dataclass(frozen=True)
+class Hostile:
+    """One hostile behaviour: what the HTTP stand-in answers a write (or a lookup), and what
+    the SMTP stand-in does; ``redirect``: answered with a redirect to a second stand-in."""
+
+    name: str
+    write: hostile.HttpAnswer | None = None
+    lookup: hostile.HttpAnswer | None = None
+    smtp: hostile.SmtpAnswer | None = None
+    redirect: int | None = None
+    keyed_only: bool = False
+
+
+_BIG = "\u0000" + "r" * 200_000
+_APPLIED = hostile.HttpAnswer(201, json.dumps({"note_id": "n-1", "refund_id": "r-1",
+                                                "id": "x-1"}).encode(), applies=True)
+BATTERY: tuple[Hostile, ...] = (
+    Hostile("a 302 after the write", redirect=302),
+    Hostile("a 307 replaying the write elsewhere", redirect=307),
+    Hostile("201 with a body that is not UTF-8",
+            write=hostile.HttpAnswer(201, b"\xff\xfe{\x00", applies=True)),
+    Hostile("201 with a JSON array", write=hostile.HttpAnswer(201, b"[1, 2]", applies=True)),
+    Hostile("201 with null", write=hostile.HttpAnswer(201, b"null", applies=True)),
+    Hostile("201 with a 200 kB NUL-bearing receipt", write=hostile.HttpAnswer(
+        201, json.dumps({"note_id": _BIG, "refund_id": _BIG, "id": _BIG}).encode(),
+        applies=True)),
+    Hostile("201 with a body shorter than its length", write=hostile.HttpAnswer(
+        201, b'{"note_id": "n', content_length=4096, applies=True)),
+    Hostile("200 with no body", write=hostile.HttpAnswer(200, b"", applies=True)),
+    Hostile("the connection dropped after the write",
+            write=hostile.HttpAnswer(drop=True, applies=True)),
+    Hostile("the connection dropped before the write", write=hostile.HttpAnswer(drop=True)),
+    Hostile("an answer after the call bound", write=replace(_APPLIED, delay_s=HOSTILE_DELAY_S)),
+    Hostile("an answer that is not HTTP", write=hostile.HttpAnswer(raw=b"\xff\xfe SMTP\r\n\r\n")),
+    Hostile("409: a request with this key is still in progress", keyed_only=True,
+            write=hostile.HttpAnswer(409, b'{"error": {"code": "in_progress"}}', applies=True)),
+    Hostile("a lookup answering 200 with a body that is not UTF-8",
+            lookup=hostile.HttpAnswer(200, b"\xff\xfe")),
+    Hostile("a lookup answering a JSON array", lookup=hostile.HttpAnswer(200, b"[]")),
+    Hostile("a lookup answering a record of another key", lookup=hostile.HttpAnswer(
+        200, json.dumps({"idempotency_key": "someone-else", "status": 201,
+                         "response": {"note_id": "n-9", "customer_id": "c-9"},
+                         "messages": [{"MessageID": "someone-else@agentledger",
+                                       "From": {"Address": "mallory@evil.test"},
+                                       "To": [{"Address": "eve@evil.test"}]}]}).encode())),
+    Hostile("a lookup answered after the call bound", lookup=hostile.HttpAnswer(
+        200, b"{}", delay_s=HOSTILE_DELAY_S)),
+    Hostile("SMTP: the answer to the data dropped after acceptance",
+            smtp=hostile.SmtpAnswer(drop_at="END")),
+    Hostile("SMTP: the answer to the data after the call bound",
+            smtp=hostile.SmtpAnswer(delay_at="END", delay_s=HOSTILE_DELAY_S)),
+    Hostile("SMTP: a greeting that is not SMTP",
+            smtp=hostile.SmtpAnswer(garbage_at="greeting", accept=False)),
+    Hostile("SMTP: 451 at RCPT", smtp=hostile.SmtpAnswer(codes={"RCPT": 451}, accept=False)),
+    Hostile("SMTP: 554 after the data", smtp=hostile.SmtpAnswer(codes={"END": 554},
+                                                                accept=False)),
+)
+
+
+def _storable(receipt: str) -> bool:
+    try:
+        outcomes.Succeeded(receipt=receipt)
+    except pydantic.ValidationError:
+        return False
+    return True
+
+
+def judge(result: base.Result | base.Lookup, *, applied: bool) -> str | None:
+    """What is wrong with ``result`` for what the provider actually did (None: nothing)."""
+    if isinstance(result, base.Applied):
+        if not applied:
+            return f"answered {result!r}, but nothing was applied: an invented success"
+        if not _storable(result.receipt):
+            return "a receipt the ledger cannot store"
+        return None
+    if applied and isinstance(result, base.Refused | base.PreconditionFailed | base.NotSent
+                              | base.Fenced | base.NotFound):
+        return f"answered {type(result).__name__}, but the effect was applied: it would be lost"
+    return None
+
+
+async def _answers(endpoint: Endpoint) -> Finding:
+    if endpoint.retarget is None:
+        return Finding("answers", None, "no way to point a copy of the connector at hostile "
+                       "stand-ins (Endpoint.retarget; `connector test` derives it from options)")
+    keyed = endpoint.connector.contract.idempotency == "keyed"
+    checked = 0
+    for item in BATTERY:
+        if item.keyed_only and not keyed:
+            continue
+        wrong = await _one(endpoint, item)
+        if wrong is not None:
+            return Finding("answers", False, f"{item.name}: {wrong}")
+        checked += 1
+    return Finding("answers", True, f"{checked} hostile answers classified: no invented "
+                   "success, no applied effect called not done, every receipt storable, no "
+                   "redirect followed")
+
+
+async def _one(endpoint: Endpoint, item: Hostile) -> str | None:
+    assert endpoint.retarget is not None
+
+    def elsewhere(_request: hostile.Request) -> hostile.HttpAnswer:
+        return hostile.HttpAnswer(200, b'{"status": 201, "messages": []}', applies=True)
+
+    async with hostile.http(elsewhere) as second:
+        def answer(request: hostile.Request) -> hostile.HttpAnswer:
+            if item.redirect is not None:
+                return hostile.HttpAnswer(item.redirect, b"", headers=(
+                    ("Location", second.url + request.path),))
+            if request.method == "GET":
+                return item.lookup or hostile.HttpAnswer(404, b'{"error": {}}')
+            return item.write or _APPLIED
+
+        async with hostile.http(answer) as first, hostile.smtp(
+                lambda: item.smtp or hostile.SmtpAnswer()) as mail:
+            copy = endpoint.retarget(Targets(first.url, mail.host, mail.port))
+            try:
+                call = _call(endpoint, endpoint.sample)
+                wrote = await boundary.execute(copy, call, endpoint.write_token,
+                                               bound_s=HOSTILE_BOUND_S)
+                applied = bool(first.applied or mail.messages)
+                if wrong := judge(wrote, applied=applied):
+                    return wrong
+                if copy.contract.lookup:
+                    # Whatever the stand-in says, nothing was applied under this fresh key.
+                    seen = await boundary.lookup(
+                        copy, _call(endpoint, endpoint.sample, generation=None),
+                        endpoint.lookup_token, bound_s=HOSTILE_BOUND_S)
+                    if wrong := judge(seen, applied=False):
+                        return f"the lookup {wrong}"
+            finally:
+                await copy.aclose()
+        if second.requests:
+            return (f"a redirect was followed: {len(second.requests)} request(s) reached its "
+                    "Location")
+    return None
 
 
 def failed(findings: list[Finding]) -> list[Finding]:

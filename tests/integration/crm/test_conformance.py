@@ -27,12 +27,20 @@ def declared(url: str) -> dict[str, Any]:
     return found
 
 
-def endpoint(connector: Any, token: str, customer: str) -> conformance.Endpoint:
+def endpoint(connector: Any, token: str, customer: str,
+             options: tuple[str, dict[str, Any]] | None = None) -> conformance.Endpoint:
+    """The kit's endpoint; ``options``: (name, options) the connector was made from, so the
+    kit can point a copy of it at hostile stand-ins (the ``answers`` claim)."""
+    retarget = None
+    if options is not None:
+        name, made_from = options
+        retarget = lambda t: plugins.make(name, plugins.retargeted(  # noqa: E731
+            made_from, http_url=t.http_url, smtp_host=t.smtp_host, smtp_port=t.smtp_port))
     return conformance.Endpoint(
         connector=connector, tenant_id=uuid.uuid4(), write_token=token, lookup_token=token,
         sample=conformance.Sample("crm.note.create", customer,
                                   {"customer_id": customer, "body": "conformance"}),
-        stale_revision="999")
+        stale_revision="999", retarget=retarget)
 
 
 def outcome(findings: list[conformance.Finding]) -> dict[str, bool | None]:
@@ -40,19 +48,22 @@ def outcome(findings: list[conformance.Finding]) -> dict[str, bool | None]:
 
 
 ALL_HOLD = {"applies": True, "dedupes": True, "lookup_finds": True, "lookup_not_found": True,
-            "if_match": True, "fencing": True}
+            "if_match": True, "fencing": True, "lookup_ignores_lookalike": True, "answers": True}
 
 
 async def test_the_crm_keeps_its_declared_contract(crm: Crm) -> None:
     tenant = await crm.new_tenant()
     connector = plugins.make("crm", {"url": crm.url})
     try:
-        found = await conformance.check(endpoint(connector, tenant.token, tenant.customer_id))
+        found = await conformance.check(endpoint(connector, tenant.token, tenant.customer_id,
+                                                 ("crm", {"url": crm.url})))
     finally:
         await connector.aclose()
     assert outcome(found) == ALL_HOLD, found
     notes = [e for e in await crm.effects(tenant.tenant_id) if e["kind"] == "note.created"]
-    assert len(notes) == 2  # the sample (sent twice, one effect) and the fencing write
+    # The sample (sent twice, one effect); the fenced call applied nothing, and no hostile
+    # answer reached the CRM.
+    assert len(notes) == 1
 
 
 async def test_the_declarative_http_connector_keeps_the_crms_contract(
@@ -63,7 +74,8 @@ async def test_the_declarative_http_connector_keeps_the_crms_contract(
     assert connector.contract.idempotency == "keyed" and connector.contract.fencing
     try:
         found = await connector_conformance(endpoint(connector, tenant.token,
-                                                     tenant.customer_id))
+                                                     tenant.customer_id,
+                                                     ("crmhttp", declared(crm.url))))
     finally:
         await connector.aclose()
     assert outcome(found) == ALL_HOLD, found
@@ -100,10 +112,11 @@ async def test_the_kit_names_every_claim_a_broken_endpoint_does_not_keep(broken:
     finally:
         await connector.aclose()
     assert outcome(found) == {"applies": True, "dedupes": False, "lookup_finds": False,
-                              "lookup_not_found": True, "if_match": False, "fencing": False}
+                              "lookup_not_found": True, "if_match": False, "fencing": False,
+                              "lookup_ignores_lookalike": True, "answers": None}
     details = {f.claim: f.detail for f in conformance.failed(found)}
     assert "does not deduplicate" in details["dedupes"]
-    assert "a stale worker could still write" in details["fencing"]
+    assert "could not fence a stalled worker out" in details["fencing"]
 
 
 def test_the_command_reports_a_broken_claim_and_exits_1(crm: Crm, broken: str) -> None:

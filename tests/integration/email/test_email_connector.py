@@ -162,13 +162,27 @@ async def test_the_conformance_kit_finds_mailpit_keeps_the_declared_contract(
     server: mailpit.Mailpit, connector_conformance: Any,
 ) -> None:
     connector = make(server)
+
+    async def from_another_sender(c: Call) -> None:
+        plant(server, mid(c), sender="mallory@evil.test", to=c.resource_id)
+
+    async def in_the_shared_domain(c: Call) -> None:
+        plant(server, f"{c.operation_id}@agentledger", to=c.resource_id)
+
     try:
         found = await connector_conformance(conformance.Endpoint(
             connector=connector, tenant_id=TENANT, write_token="", lookup_token="",
             sample=conformance.Sample("email.send", "ada@example.com",
-                                      {"subject": "Conformance", "body": "once"})))
+                                      {"subject": "Conformance", "body": "once"}),
+            retarget=lambda t: plugins.make("email", plugins.retargeted(
+                options(server), http_url=t.http_url, smtp_host=t.smtp_host,
+                smtp_port=t.smtp_port)),
+            lookalikes=(from_another_sender, in_the_shared_domain)))
     finally:
         await connector.aclose()
     assert {f.claim: f.holds for f in found} == {
         "applies": True, "lookup_finds": True, "lookup_not_found": True,
-        "dedupes": None, "if_match": None, "fencing": None}  # `none`: never resent
+        "dedupes": None, "if_match": None, "fencing": None,  # `none`: never resent
+        "lookup_ignores_lookalike": True, "answers": True}
+    lookalike = next(f for f in found if f.claim == "lookup_ignores_lookalike")
+    assert "from_another_sender" in lookalike.detail and "in_the_shared_domain" in lookalike.detail
