@@ -66,8 +66,9 @@ def resolve(
              "may land after this resolution; recorded in the reason and audit)")] = False,
     allow_unchecked: Annotated[bool, typer.Option(
         help="When the provider's lookup cannot answer (no answer, no credential, a key past "
-             "its retention), record the resolution as unchecked instead of refusing it; a "
-             "lookup that contradicts the resolution always refuses it")] = False,
+             "its retention) or its fence cannot be advanced, record the resolution as "
+             "unchecked (provisional) instead of refusing it; a lookup that contradicts the "
+             "resolution always refuses it")] = False,
 ) -> None:
     """Resolve an unknown command as succeeded (with the provider's receipt) or failed.
 
@@ -104,3 +105,7 @@ def resolve(
     console.print(f"resolved {operation_id} as {outcome} by {done.resolved_by}, "
                   f"{done.check.check}: {escape(done.check.detail)} "
                   f"(resolution {done.resolution_id})", highlight=False)
+    if done.provisional:
+        console.print(f"[yellow]provisional[/yellow]: {escape(done.provisional)}; if the "
+                      "provider later answers otherwise the command is flagged contradicted "
+                      "(docs/operations.md#contradicted-outcomes)", highlight=False)

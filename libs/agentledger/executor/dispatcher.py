@@ -226,7 +226,16 @@ class Dispatcher:
                 return "denied"
         call = base.Call(held.tenant_id, held.operation_id, row["action"], row["resource_id"],
                          arguments, row["expected_revision"], fencing_generation=held.generation)
-        result, held = await self._call(connector, call, token, held, traceparent, decided)
+        result, held, stale = await self._call(connector, call, token, held, traceparent,
+                                               decided)
+        if stale:
+            log.warning("event=taken_over_between_calls operation_id=%s generation=%d",
+                        held.operation_id, held.generation)
+            await self._record_late(held, result, row["connector"], traceparent)
+            raise errors.StaleClaim("the claim was taken over before the next call; the last "
+                                    "answer is recorded on its attempt",
+                                    operation_id=str(held.operation_id),
+                                    generation=held.generation)
         if isinstance(result, base.Fenced):
             # A newer claim (or a take-over's fence) is ahead of ours at the provider: nothing
             # applied, and the outcome is not ours to record; the refusal goes on our attempt.
@@ -322,26 +331,35 @@ class Dispatcher:
     async def _call(
         self, connector: base.Connector, call: base.Call, token: str, held: dispatch.Claim,
         traceparent: str | None, decided: dispatch.Also | None = None,
-    ) -> tuple[base.Result, dispatch.Claim]:
+    ) -> tuple[base.Result, dispatch.Claim, bool]:
+        """The call, its reconnects and keyed resends. Returns the last result, the claim it
+        was made under, and whether the claim was taken over before a further call (the
+        result is then a late answer: recorded, never an outcome)."""
         result, first = await self._attempt(connector, call, token, held, "dispatch", None,
                                             also=decided)
         await faults.point("executor.after_remote_write")
-        tries = 0
-        while isinstance(result, base.NotSent) and tries < NOT_SENT_RETRIES:
-            tries += 1
-            await asyncio.sleep(0.2 * 2**tries)  # backoff before reconnecting, not a wait-for
-            result, _ = await self._attempt(connector, call, token, held, "reconnect", first)
-        resends = 0
-        may_resend = connector.contract.may_resend
-        while isinstance(result, base.InDoubt) and may_resend and resends < RESENDS:
-            # The same request with the same key: the provider dedupes (R6.4), never a new key.
-            resends += 1
-            async with self.pool.acquire() as conn:
-                await dispatch.finish_attempt(conn, held, "unknown", result.reason)
-                held = await dispatch.new_attempt(conn, held, kind="resend",
-                                                  traceparent=traceparent)
-            result, _ = await self._attempt(connector, call, token, held, "resend", first)
-        return result, held
+        try:
+            tries = 0
+            while isinstance(result, base.NotSent) and tries < NOT_SENT_RETRIES:
+                tries += 1
+                await asyncio.sleep(0.2 * 2**tries)  # backoff before reconnecting, not a wait-for
+                result, _ = await self._attempt(connector, call, token, held, "reconnect", first)
+            resends = 0
+            may_resend = connector.contract.may_resend
+            while isinstance(result, base.InDoubt) and may_resend and resends < RESENDS:
+                # The same request with the same key: the provider dedupes (R6.4), never a
+                # new key.
+                resends += 1
+                async with self.pool.acquire() as conn:
+                    await dispatch.finish_attempt(conn, held, "unknown", result.reason)
+                    held = await dispatch.new_attempt(conn, held, kind="resend",
+                                                      traceparent=traceparent)
+                result, _ = await self._attempt(connector, call, token, held, "resend", first)
+        except errors.StaleClaim:
+            # Taken over between two calls (the pre-call check refused the next one): the
+            # answer already in hand is still what the provider said.
+            return result, held, True
+        return result, held, False
 
     async def _attempt(
         self, connector: base.Connector, call: base.Call, token: str, held: dispatch.Claim,

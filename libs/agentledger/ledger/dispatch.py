@@ -172,7 +172,9 @@ async def mark_sending(conn: Conn, held: Claim, *, call_s: float,
             Q["mark_sending"], held.tenant_id, held.operation_id, held.token, held.attempt_id,
             float(call_s) + CALL_MARGIN_S)
         if lease_until is None:
-            await tx.execute(Q["finish_attempt"], held.tenant_id, held.attempt_id, "abandoned",
+            # Only an attempt that never sent is over here: a reconnect's attempt already
+            # sent once, and what that send was answered is its own to record.
+            await tx.execute(Q["abandon_unsent"], held.tenant_id, held.attempt_id,
                              "the claim was taken over or its lease expired before the call; "
                              "nothing was sent")
         elif also is not None:

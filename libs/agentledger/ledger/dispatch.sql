@@ -90,6 +90,11 @@ FROM renewed
 WHERE tenant_id = $1 AND attempt_id = $4
 RETURNING renewed.lease_until;
 
+-- name: abandon_unsent --
+-- A claim found gone at the pre-call check: its attempt ends `abandoned`, if it never sent.
+UPDATE command_attempt SET finished_at = now(), result = 'abandoned', detail = $3
+WHERE tenant_id = $1 AND attempt_id = $2 AND sent_at IS NULL AND finished_at IS NULL;
+
 -- name: finish_attempt --
 -- The attempt's end and what came back.
 UPDATE command_attempt SET finished_at = now(), result = $3, detail = $4

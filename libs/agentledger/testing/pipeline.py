@@ -166,8 +166,8 @@ class Pipeline:
     def sweep_once(self) -> dict[uuid.UUID, str]:
         """One whole reconciler pass, run here and now with the service's role and lookup
         credentials: the positive marker that recovery had its chance after a given moment."""
-        return asyncio.run(_sweep_once(self.database_url, self.crm.url,
-                                       {"crm": {self.tenant: self.tokens["lookup"]}}))
+        return asyncio.run(_sweep_once(self.database_url, self.crm.url, {
+            name: {self.tenant: self.tokens["lookup"]} for name in ("crm", "billing")}))
 
     def read(self, topic: str, predicate: Any, *, timeout: float = 60) -> list[dict[str, Any]]:
         """Records of ``topic`` (namespaced) whose JSON value satisfies ``predicate``."""
