@@ -42,8 +42,10 @@ def test_the_json_shape_keeps_its_keys() -> None:
     dumped = _explanation(None).model_dump(mode="json")
     assert set(dumped) == {"tenant_id", "operation_id", "proposed", "permitted", "attempted",
                            "known", "timeline", "trace_id"}
+    # Keys only ever added (issue 37: what a provider said after the ledger decided).
     assert set(dumped["known"]) == {"state", "receipt", "reason", "finished_at",
-                                    "payload_purged", "reconciliations"}
+                                    "payload_purged", "reconciliations", "contradicted_at",
+                                    "contradiction"}
 
 
 def test_explain_prints_the_trace_link_when_a_trace_ui_is_configured() -> None:
