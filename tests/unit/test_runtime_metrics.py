@@ -338,3 +338,67 @@ async def test_the_executor_counts_a_retry_cap_once_with_its_connector(
     state = await worker.record(held, base.NotSent("connection refused"), connector="crm")
     assert state == ("pending" if requeued == "requeued" else "unknown")
     assert capped() == ({_labels(connector="crm"): 1} if requeued == "capped" else {})
+
+
+async def test_one_items_exception_never_ends_a_sweep(
+    recorded: Callable[[str], Points], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 38 class 2: on 85a9f05 an exception in one item ended the whole sweep, so every
+    # later item of the period waited (and the failing one looped with no cap).
+    from agentledger.approvals import repository as approvals_repo
+    from agentledger.ledger import late
+
+    failures = recorded("sweep_failures")
+    broken, healthy = uuid.uuid4(), uuid.uuid4()
+    tenant = uuid.uuid4()
+
+    async def nothing(*_a: Any, **_k: Any) -> list[Any]:
+        return []
+
+    async def due(*_a: Any, **_k: Any) -> list[dict[str, Any]]:
+        return [{"tenant_id": tenant, "operation_id": op, "connector": "crm",
+                 "state": "dispatching"} for op in (broken, healthy)]
+
+    async def reconcile(self: reconciler.Reconciler, tenant_id: uuid.UUID, op: uuid.UUID,
+                        connector: str, state: str) -> str:
+        if op == broken:
+            raise ValueError("a value nobody expected")
+        return "requeued"
+
+    async def count(*_a: Any, **_k: Any) -> None:
+        return None
+
+    monkeypatch.setattr(approvals_repo, "expire_due", nothing)
+    monkeypatch.setattr(dispatch, "needs_reconciliation", due)
+    monkeypatch.setattr(dispatch, "stranded_pending", nothing)
+    monkeypatch.setattr(late, "late_applied", nothing)
+    monkeypatch.setattr(reconciler.Reconciler, "reconcile", reconcile)
+    monkeypatch.setattr(reconciler.Reconciler, "count_unknown", count)
+    done = await _reconciler().sweep()
+    assert done == {broken: "failed", healthy: "requeued"}
+    assert failures() == {_labels(connector="crm"): 1}
+
+
+async def test_a_take_over_at_the_cap_holds_the_command_for_an_operator(
+    recorded: Callable[[str], Points], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 38 class 2: the take-over branch had no generation cap of its own.
+    capped = recorded("retries_capped")
+    held = _claim("dispatching", generation=10)
+    _ledger(monkeypatch, held, "requeued")
+    monkeypatch.setattr(dispatch, "never_sent", lambda *_a: False)
+    finalized: list[tuple[str, str | None]] = []
+
+    async def finalize(_conn: Any, _held: Any, state: str, **k: Any) -> None:
+        finalized.append((state, k.get("reason")))
+
+    async def record_fence(*_a: Any, **_k: Any) -> None:
+        return None
+
+    monkeypatch.setattr(dispatch, "finalize", finalize)
+    monkeypatch.setattr(dispatch, "record_fence", record_fence)
+    done = await _reconciler()._reconcile(held.tenant_id, held.operation_id, "crm", "dispatching")
+    assert done == "unknown"
+    assert [s for s, _ in finalized] == ["unknown"]
+    assert str(finalized[0][1]).startswith("retry cap: 10 dispatch generations")
+    assert capped() == {_labels(connector="crm"): 1}
