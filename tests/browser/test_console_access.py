@@ -209,9 +209,12 @@ def test_the_directory_not_the_token_decides_who_reads_and_decides(world: Pipeli
             await policy_repo.revoke_principal(conn, uuid.UUID(world.tenant), carol)
         finally:
             await conn.close()
+    explain = f"/operations/{op}/explain"
+    assert api(world, token, "GET", explain).status_code in (200, 404)  # answered, while current
     sync(revoke())
-    for method, where in (("GET", "/approvals"), ("GET", path)):
-        assert api(world, token, method, where).status_code == 403, where  # the same, unexpired token
+    # The same, unexpired token; issue 38: the explain API did not ask the directory.
+    for method, where in (("GET", "/approvals"), ("GET", path), ("GET", explain)):
+        assert api(world, token, method, where).status_code == 403, where
     assert approval_state(world, approval_id) == "pending" and command_state(world, op) is None
 
 

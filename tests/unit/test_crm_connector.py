@@ -132,7 +132,8 @@ async def test_a_redirect_is_never_followed_nor_taken_as_the_answer(status: int)
     # and a 307 replayed the POST and its credentials to the Location).
     async with serving(_created) as (elsewhere, followed):
         def redirect(_seen: Seen) -> web.Response:
-            return web.Response(status=status, headers={"Location": f"{elsewhere}v1/x"})
+            return web.Response(status=status,
+                                headers={"Location": f"{elsewhere.rstrip('/')}/v1/x"})
         async with serving(redirect) as (url, seen):
             for connector in (crm.CrmConnector(url), crm.BillingConnector(url)):
                 call = NOTE_CALL if connector.name == "crm" else REFUND_CALL

@@ -50,9 +50,11 @@ KEY_RETENTION = timedelta(hours=24)
 
 
 def _scalar(value: object) -> str | None:
-    """A receipt part from the answer: a plain string or number, else None."""
-    if isinstance(value, str | int) and not isinstance(value, bool):
+    """A receipt part from the answer: a plain, non-empty string or a number, else None."""
+    if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
+    if isinstance(value, str) and value.strip():
+        return value
     return None
 
 
