@@ -9,8 +9,8 @@ Each invariant answers one question with a count of violations and a few example
 - ``proposals_answered``: every proposal the broker acknowledged was admitted, asked for
   approval, or refused with an answer on the admissions topic: none vanished.
 - ``effects_match``: the provider's effects equal the ``succeeded`` commands: one per
-  success, none twice, none for a command the ledger says did not happen (``unknown`` may
-  have at most one), none the ledger cannot account for.
+  success, none twice (``unknown`` may have at most one), none the ledger cannot account
+  for; one for a command the ledger says did not happen is ``no_silent_contradiction``'s.
 - ``unknown_allowed``: ``unknown`` only where the connector's contract allows it: a
   connector without lookup after an attempt may have reached it; a keyed connector with
   lookup only when held for an operator (retry cap, key retention run out).
@@ -22,6 +22,10 @@ Each invariant answers one question with a count of violations and a few example
   rows were still owed (see ``slot_never_past_owed`` for why the test is sound).
 - ``no_missing_dead_letters``: no exec record was dead-lettered as naming no command.
 - ``denied_never_admitted``: a request the approver denied never became a command.
+- ``no_silent_contradiction`` (issue 37): a command decided as not done (failed, denied,
+  expired, review required) whose effect the provider holds is flagged contradicted — never
+  silent; and only a provider that cannot fence may contradict at all (with a fence, the
+  late call is refused).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class Contract:
 
     idempotency: str  # keyed | replay_safe | none
     lookup: bool
+    fencing: bool = False
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,8 @@ class Command:
     receipt: str | None = None
     reason: str | None = None
     attempts: int = 0
+    # The provider later said otherwise (agent_command.contradicted_at is set: issue 37).
+    contradicted: bool = False
 
 
 @dataclass(frozen=True)
@@ -153,8 +160,7 @@ def effects_match(history: History, snap: Snapshot) -> Finding:
             found.violated(f"{op} ({cmd.action}) succeeded with {n} provider effects")
         elif n > 1:
             found.violated(f"{op} ({cmd.action}) {cmd.state} with {n} provider effects")
-        elif cmd.state != "succeeded" and cmd.state in TERMINAL and n:
-            found.violated(f"{op} ({cmd.action}) ended {cmd.state} with {n} provider effects")
+        # A command decided as not done whose effect exists: no_silent_contradiction.
     for op, n in sorted(snap.effects.items()):
         if op not in snap.commands and n:
             found.violated(f"{n} provider effects for {op}, which the ledger never admitted")
@@ -279,9 +285,30 @@ def denied_never_admitted(history: History, snap: Snapshot) -> Finding:
     return found
 
 
+def no_silent_contradiction(history: History, snap: Snapshot) -> Finding:
+    found = Finding("no_silent_contradiction")
+    for op, cmd in sorted(snap.commands.items()):
+        applied = snap.effects.get(op, 0) > 0
+        decided_otherwise = cmd.state in TERMINAL and cmd.state != "succeeded"
+        if applied and decided_otherwise and not cmd.contradicted:
+            found.violated(f"{op} ({cmd.action}) ended {cmd.state}, the provider holds its "
+                           "effect, and nothing says so")
+        contract = snap.contracts.get(cmd.connector)
+        if cmd.contradicted and (contract is None or contract.fencing):
+            found.violated(f"{op} ({cmd.action}) contradicted on {cmd.connector}, whose "
+                           "provider fences: its late call should have been refused")
+    return found
+
+
+def contradictions(snap: Snapshot) -> int:
+    """Contradictions the ledger recorded (allowed only where the provider cannot fence)."""
+    return sum(1 for cmd in snap.commands.values() if cmd.contradicted)
+
+
 INVARIANTS: tuple[Callable[[History, Snapshot], Finding], ...] = (
     terminal_once, proposals_answered, effects_match, unknown_allowed, published, audited,
-    slot_never_past_owed, no_missing_dead_letters, denied_never_admitted)
+    slot_never_past_owed, no_missing_dead_letters, denied_never_admitted,
+    no_silent_contradiction)
 
 
 def check(history: History, snap: Snapshot) -> list[Finding]:

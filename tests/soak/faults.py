@@ -13,6 +13,7 @@ link cut needs network namespaces, so root); the scheduler leaves it out there.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import signal
 from abc import ABC, abstractmethod
@@ -120,6 +121,58 @@ class KillExecutorBilling(ServiceKill):
 
 class KillReconciler(ServiceKill):
     kind, service = "kill:reconciler", "reconciler"
+
+
+class PausedWorker(Fault):
+    """An executor stops itself (SIGSTOP) at a fault point of its next call and stays stopped
+    past its lease (issue 37): the reconciler takes its command over (fencing the provider
+    first), and when it resumes its late call is refused or its late answer recorded — never
+    a silent contradiction (checker.no_silent_contradiction)."""
+
+    service: ClassVar[str]
+    point: ClassVar[str]
+    # Past the 4 s lease, the 2 s call bound and a reconciler period, so the take-over comes.
+    hold_s = (8.0, 20.0)
+
+    def inject(self) -> str:
+        p = self.target.p
+        harness.restart(p, self.service, f"{self.point}:pause:1")
+        svc = p.services[self.service]
+        assert svc.proc is not None
+        pid = svc.proc.pid
+        # Positive marker: it stopped itself there (the load sends it work every few seconds).
+        if not wait_until(lambda: harness.stopped(pid), timeout=ANSWER_LOST_S):
+            raise NotStruck(f"{self.service} never reached {self.point}")
+        self._pid = pid
+        return f"pid {pid} stopped at {self.point}"
+
+    def heal(self) -> str:
+        p = self.target.p
+        svc = p.services[self.service]
+        pid = getattr(self, "_pid", None)
+        if pid is not None and harness.stopped(pid):
+            os.kill(pid, signal.SIGCONT)
+            # Its call and its record run now; then it is restarted unarmed.
+            wait_until(lambda: "event=late_answer" in svc.log.read_text(errors="replace")
+                       or "event=dispatched" in svc.tail(5), timeout=30)
+        harness.restart(p, self.service, None)
+        assert svc.proc is not None and svc.alive(), svc.tail()
+        return f"resumed, then restarted unarmed as pid {svc.proc.pid}"
+
+
+class PauseBillingBeforeCall(PausedWorker):
+    kind, service, point = ("pause:executor-billing:before-call", "executor-billing",
+                            "executor.before_call")
+
+
+class PauseBillingAfterAnswer(PausedWorker):
+    kind, service, point = ("pause:executor-billing:after-answer", "executor-billing",
+                            "executor.after_remote_write")
+
+
+class PauseCrmBeforeCall(PausedWorker):
+    kind, service, point = ("pause:executor-crm:before-call", "executor-crm",
+                            "executor.before_call")
 
 
 class BrokerFault(Fault):
@@ -352,4 +405,5 @@ class ProviderCut(Fault):
 REGISTRY: tuple[type[Fault], ...] = (
     KillRelay, KillAdmission, KillExecutorCrm, KillExecutorBilling, KillReconciler,
     BrokerKill, BrokerStop, PrimaryRestart, StandbyStall, StandbyKill,
-    NoteAnswerLost, RefundAnswerLost, ProviderCut)
+    NoteAnswerLost, RefundAnswerLost, ProviderCut,
+    PauseBillingBeforeCall, PauseBillingAfterAnswer, PauseCrmBeforeCall)

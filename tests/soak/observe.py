@@ -140,7 +140,8 @@ def _headers(msg: Message) -> dict[str, str]:
 
 
 def contracts(p: Pipeline) -> dict[str, checker.Contract]:
-    return {name: checker.Contract(c.contract.idempotency, c.contract.lookup)
+    return {name: checker.Contract(c.contract.idempotency, c.contract.lookup,
+                                   c.contract.fencing)
             for name, c in crm_connectors.registry(p.crm.url).items()}
 
 
@@ -152,8 +153,9 @@ def commands(p: Pipeline) -> dict[str, checker.Command]:
             cur.execute("SELECT c.operation_id::text, c.action, c.connector, c.state, "
                         "c.provider_receipt, c.outcome_reason, (SELECT count(*) FROM "
                         "command_attempt a WHERE a.tenant_id = c.tenant_id AND a.operation_id "
-                        "= c.operation_id) FROM agent_command c")
-            return {r[0]: checker.Command(r[0], r[1], r[2], r[3], r[4], r[5], int(r[6]))
+                        "= c.operation_id), c.contradicted_at IS NOT NULL FROM agent_command c")
+            return {r[0]: checker.Command(r[0], r[1], r[2], r[3], r[4], r[5], int(r[6]),
+                                          bool(r[7]))
                     for r in cur.fetchall()}
     finally:
         conn.close()

@@ -42,6 +42,9 @@ def summary(*, minutes: float, seed: int, history: list[dict[str, Any]],
             "approval_decisions": dict(decisions),
             "admission_answers": dict(admissions),
             "provider_effects": sum(snap.effects.values()),
+            # Late answers that contradicted a decided outcome, recorded (issue 37): allowed
+            # only for a provider that cannot fence; a silent one is an invariant violation.
+            "contradictions_recorded": checker.contradictions(snap),
         },
         "faults": {
             "injected": len(struck),

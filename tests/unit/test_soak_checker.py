@@ -82,7 +82,7 @@ def test_a_clean_history_violates_nothing() -> None:
     assert [f.name for f in checker.check(history, snap)] == [
         "terminal_once", "proposals_answered", "effects_match", "unknown_allowed",
         "published", "audited", "slot_never_past_owed", "no_missing_dead_letters",
-        "denied_never_admitted"]
+        "denied_never_admitted", "no_silent_contradiction"]
 
 
 def _with_command(snap: Snapshot, cmd: Command, **extra: Any) -> Snapshot:
@@ -126,13 +126,32 @@ def test_an_acknowledged_proposal_that_vanished() -> None:
     ("n1", 2, "succeeded with 2"),   # a duplicate effect
     ("n1", 0, "succeeded with 0"),   # an invented success
     ("r1", 2, "unknown with 2"),     # unknown, yet done twice
-    ("c1", 1, "review_required with 1"),  # the ledger says it did not happen
     ("zz", 1, "never admitted"),     # an effect no command accounts for
 ])
 def test_provider_effects_that_do_not_match_the_ledger(op: str, effects: int, wanted: str) -> None:
     history, snap = clean()
     snap = replace(snap, effects={**snap.effects, op: effects})
     assert wanted in only(history, snap, "effects_match")[0]
+
+
+def test_an_effect_of_a_command_decided_otherwise_is_never_silent() -> None:
+    # Issue 37: the ledger says it did not happen, the provider holds it, nothing says so.
+    history, snap = clean()
+    snap = replace(snap, effects={**snap.effects, "c1": 1})
+    [example] = only(history, snap, "no_silent_contradiction")
+    assert "review_required" in example and "nothing says so" in example
+    # Flagged by the ledger, on a provider that cannot fence: recorded, allowed.
+    flagged = replace(snap.commands["c1"], contradicted=True)
+    unfenced = {**snap.contracts, flagged.connector: replace(
+        snap.contracts[flagged.connector], fencing=False)}
+    allowed = replace(snap, commands={**snap.commands, "c1": flagged}, contracts=unfenced)
+    assert all(f.violations == 0 for f in checker.check(history, allowed))
+    assert checker.contradictions(allowed) == 1
+    # The same on a provider that fences: its late call should have been refused.
+    fenced = {**snap.contracts, flagged.connector: replace(
+        snap.contracts[flagged.connector], fencing=True)}
+    refused = replace(allowed, contracts=fenced)
+    assert "whose provider fences" in only(history, refused, "no_silent_contradiction")[0]
 
 
 def test_a_stray_provider_effect() -> None:
