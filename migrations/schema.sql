@@ -196,22 +196,23 @@ END $$;
 ALTER FUNCTION public.agentledger_budget_settle(p_tenant uuid, p_reservation_id uuid, p_used bigint) OWNER TO agentledger_budget_keeper;
 
 --
--- Name: agentledger_copy_audit_event(); Type: FUNCTION; Schema: public; Owner: agentledger_audit_writer
+-- Name: agentledger_copy_audit_events_v2(); Type: FUNCTION; Schema: public; Owner: agentledger_audit_writer
 --
 
-CREATE FUNCTION public.agentledger_copy_audit_event() RETURNS trigger
+CREATE FUNCTION public.agentledger_copy_audit_events_v2() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'public'
     AS $$
 BEGIN
   INSERT INTO public.audit_event (event_id, tenant_id, operation_id, type, payload, traceparent,
                                   recorded_at)
-  VALUES (NEW.id, NEW.tenant_id, NEW.operation_id, NEW.type, NEW.payload, NEW.traceparent,
-          NEW.created_at);
-  RETURN NEW;
+  SELECT n.id, n.tenant_id, n.operation_id, n.type, n.payload, n.traceparent, n.created_at
+  FROM new_events AS n
+  WHERE n.aggregatetype = 'audit';
+  RETURN NULL;
 END $$;
 
-ALTER FUNCTION public.agentledger_copy_audit_event() OWNER TO agentledger_audit_writer;
+ALTER FUNCTION public.agentledger_copy_audit_events_v2() OWNER TO agentledger_audit_writer;
 
 --
 -- Name: agentledger_current_tenant(); Type: FUNCTION; Schema: public
@@ -897,10 +898,10 @@ CREATE INDEX policy_decision_by_operation ON public.policy_decision USING btree 
 CREATE TRIGGER audit_event_append_only BEFORE DELETE OR UPDATE OR TRUNCATE ON public.audit_event FOR EACH STATEMENT EXECUTE FUNCTION public.agentledger_audit_is_append_only();
 
 --
--- Name: event_outbox audit_event_copy; Type: TRIGGER; Schema: public
+-- Name: event_outbox audit_event_copy_v2; Type: TRIGGER; Schema: public
 --
 
-CREATE TRIGGER audit_event_copy AFTER INSERT ON public.event_outbox FOR EACH ROW WHEN ((new.aggregatetype = 'audit'::text)) EXECUTE FUNCTION public.agentledger_copy_audit_event();
+CREATE TRIGGER audit_event_copy_v2 AFTER INSERT ON public.event_outbox REFERENCING NEW TABLE AS new_events FOR EACH STATEMENT EXECUTE FUNCTION public.agentledger_copy_audit_events_v2();
 
 --
 -- Name: approval_request approval_request_superseded_by_fkey; Type: FK CONSTRAINT; Schema: public
@@ -1237,10 +1238,10 @@ GRANT ALL ON FUNCTION public.agentledger_budget_settle(p_tenant uuid, p_reservat
 GRANT ALL ON FUNCTION public.agentledger_budget_settle(p_tenant uuid, p_reservation_id uuid, p_used bigint) TO agentledger_reconciler;
 
 --
--- Name: FUNCTION agentledger_copy_audit_event(); Type: ACL; Schema: public; Owner: agentledger_audit_writer
+-- Name: FUNCTION agentledger_copy_audit_events_v2(); Type: ACL; Schema: public; Owner: agentledger_audit_writer
 --
 
-REVOKE ALL ON FUNCTION public.agentledger_copy_audit_event() FROM PUBLIC;
+REVOKE ALL ON FUNCTION public.agentledger_copy_audit_events_v2() FROM PUBLIC;
 
 --
 -- Name: FUNCTION agentledger_end_leases_of_v2(worker text); Type: ACL; Schema: public; Owner: agentledger_sweeper
@@ -1517,6 +1518,18 @@ GRANT SELECT ON TABLE public.budget TO agentledger_auditor;
 GRANT SELECT,INSERT,UPDATE ON TABLE public.budget TO agentledger_budget_keeper;
 
 --
+-- Name: COLUMN budget.used; Type: ACL; Schema: public
+--
+
+GRANT UPDATE(used) ON TABLE public.budget TO agentledger_admission;
+
+--
+-- Name: COLUMN budget.updated_at; Type: ACL; Schema: public
+--
+
+GRANT UPDATE(updated_at) ON TABLE public.budget TO agentledger_admission;
+
+--
 -- Name: TABLE budget_default; Type: ACL; Schema: public
 --
 
@@ -1527,7 +1540,7 @@ GRANT SELECT ON TABLE public.budget_default TO agentledger_auditor;
 -- Name: TABLE budget_reservation; Type: ACL; Schema: public
 --
 
-GRANT SELECT ON TABLE public.budget_reservation TO agentledger_admission;
+GRANT SELECT,INSERT ON TABLE public.budget_reservation TO agentledger_admission;
 GRANT SELECT ON TABLE public.budget_reservation TO agentledger_executor;
 GRANT SELECT ON TABLE public.budget_reservation TO agentledger_reconciler;
 GRANT SELECT ON TABLE public.budget_reservation TO agentledger_auditor;

@@ -197,7 +197,7 @@ class Admitter:
                 if approval:
                     return _Decided(decision, record, pending=command)
                 found = await self._admit_allowed(
-                    tx, proposal, spec, checked.workflow_id, command, record)
+                    tx, proposal, spec, checked.workflow_id, command, decision, record)
                 if isinstance(found, errors.BudgetExhausted):
                     return _Decided(decision, record, refused=found)
                 await faults.point("admission.before_commit")
@@ -239,11 +239,24 @@ class Admitter:
     async def _admit_allowed(
         self, tx: repository.Conn, proposal: ProposalV1, spec: allowlist_mod.ActionSpec,
         workflow_id: str | None, command: repository.NewCommand,
+        decision: decision_mod.Decision,
         record: Callable[[repository.Conn], Awaitable[None]],
     ) -> repository.AdmitResult | errors.BudgetExhausted:
-        """Inside the caller's transaction: reserve one tool call of the request's budget
-        (R7.2), admit, record the decision, and spend the tool call only on the first
-        admission (a replay or conflict releases it)."""
+        """Inside the caller's transaction: spend one tool call of the request's budget
+        (R7.2) and admit, with the decision, in one statement (issue 41); a replay, a
+        conflict or a budget without room take the general path: reserve, admit, record the
+        decision, and spend the tool call only on the first admission (a replay or conflict
+        releases it)."""
+        budgeted = workflow_id is not None and "tool_calls" in self.budget_limits
+        if not set(self.budget_limits) - {"tool_calls"}:
+            fast = await repository.admit_allowed(
+                tx, command, workflow_id=workflow_id if budgeted else None,
+                tool_call_limit=self.budget_limits.get("tool_calls") if budgeted else None,
+                audit=_proposal_audit(proposal, spec),
+                decision_reasons=json.dumps(list(getattr(decision, "reasons", ()))),
+                decision_reason=decision.reason)
+            if fast is not None:
+                return fast
         reservation = None
         if workflow_id is not None and "tool_calls" in self.budget_limits:
             await budgets.open_in(tx, proposal.tenant_id, workflow_id, self.budget_limits, None)

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import FrameType
 
 from agentledger import settings
-from tests.soak import runner
+from tests.soak import faults, runner
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -25,11 +25,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="the run's seed (default: random)")
     parser.add_argument("--out", default=str(settings.REPO_ROOT / "reports"),
                         help="where soak.json, soak.png and soak/history.jsonl go")
+    parser.add_argument("--faults", default="", help="only these fault kinds, comma-separated "
+                        "(e.g. pause:executor-billing:before-call); default: every kind")
     args = parser.parse_args(argv)
+    kinds = tuple(k for k in args.faults.split(",") if k)
+    unknown = sorted(set(kinds) - {f.kind for f in faults.REGISTRY})
+    if unknown:
+        parser.error(f"unknown fault kinds {unknown}; known: "
+                     f"{sorted(f.kind for f in faults.REGISTRY)}")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
     signal.signal(signal.SIGTERM, _interrupt)
     print(f"soak: {args.minutes} min, seed {seed}", flush=True)
-    code = runner.run(args.minutes, seed, Path(args.out))
+    code = runner.run(args.minutes, seed, Path(args.out), kinds)
     print(f"soak: {'every invariant held' if code == 0 else 'INVARIANTS VIOLATED'} "
           f"(reports in {args.out})", flush=True)
     return code

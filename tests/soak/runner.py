@@ -47,6 +47,8 @@ class Scheduler(Worker):
     until: float  # time.monotonic() when the load ends
     injected: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # Only these fault kinds (``--faults``; empty: every kind the machine can inject).
+    kinds: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.rng = random.Random(f"faults:{self.seed}")
@@ -62,7 +64,8 @@ class Scheduler(Worker):
             if time.monotonic() + LAST_FAULT_S > self.until:
                 continue  # supervising only, until the load ends
             if not bag:
-                bag = [f for f in faults.REGISTRY if f.available(self.target)]
+                bag = [f for f in faults.REGISTRY if f.available(self.target)
+                       and (not self.kinds or f.kind in self.kinds)]
                 self.rng.shuffle(bag)
             try:
                 self.strike(bag.pop()(self.target, self.rng))
@@ -125,7 +128,7 @@ def settle(p: Pipeline, history: History, poller: observe.LedgerPoller,
     return ok
 
 
-def run(minutes: float, seed: int, out: Path) -> int:
+def run(minutes: float, seed: int, out: Path, kinds: tuple[str, ...] = ()) -> int:
     """One soak; the exit code: 0 when every invariant held."""
     history = History(out / "soak" / "history.jsonl")
     logs = Path(tempfile.mkdtemp(prefix="al-soak-logs-"))
@@ -142,7 +145,7 @@ def run(minutes: float, seed: int, out: Path) -> int:
         traffic = load.Load(p, history, seed)
         approver = load.Approver(p, history, seed)
         scheduler = Scheduler(faults.Target(p, s.cluster, s.pair, s.crm_ns), history, seed,
-                              until=time.monotonic() + minutes * 60)
+                              until=time.monotonic() + minutes * 60, kinds=kinds)
         for part in (poller, watcher, approver, traffic, scheduler):
             part.start()
         stack.callback(poller.stop)

@@ -28,6 +28,7 @@ from agentledger.connectors import base, boundary
 from agentledger.contracts import commands, common
 from agentledger.ledger import dispatch, groupcommit, keys, late, repository
 from agentledger.policy import allowlist as allowlist_mod
+from agentledger.policy import cedar
 from agentledger.policy import decision as decision_mod
 from agentledger.policy import repository as policy_repo
 from agentledger.telemetry import metrics as telemetry_metrics
@@ -57,8 +58,44 @@ _RESULTS: dict[type, late.Kind] = {
     base.InDoubt: "in_doubt"}
 
 
-# ``_refusal``'s answer: the refusal (None: go on) and the write of the dispatch-time decision.
-Checked = tuple[tuple[dispatch.FinalState, str] | None, dispatch.Also | None]
+class _Unread:
+    """The principal was not read with the command: ``_refusal`` reads it."""
+
+
+_UNREAD = _Unread()
+
+
+@dataclass(frozen=True)
+class Checked:
+    """``_refusal``'s answer: the refusal (None: go on) and the dispatch-time decision, if
+    the policy was asked (written with the pre-call mark, or with a refusal's finalize)."""
+
+    refusal: tuple[dispatch.FinalState, str] | None
+    verdict: decision_mod.Decision | None = None
+    row: asyncpg.Record | None = None
+    action: str = ""
+
+    def decision(self) -> dispatch.DispatchDecision | None:
+        """The decision as the pre-call mark writes it."""
+        if self.verdict is None or self.row is None:
+            return None
+        v, row = self.verdict, self.row
+        return dispatch.DispatchDecision(
+            v.decision_id, row["principal_id"], self.action, row["resource_id"], v.effect,
+            v.policy_version, json.dumps(list(getattr(v, "reasons", ()))), v.reason)
+
+    def also(self) -> dispatch.Also | None:
+        """The decision as a refusal's finalize writes it (in the same transaction)."""
+        verdict, row = self.verdict, self.row
+        if verdict is None or row is None:
+            return None
+
+        async def decided(tx: repository.Conn) -> None:
+            await policy_repo.record_decision(
+                tx, verdict, tenant_id=row["tenant_id"], principal_id=row["principal_id"],
+                action=self.action, resource_id=row["resource_id"],
+                operation_id=row["operation_id"], stage="dispatch")
+        return decided
 
 
 @dataclass(frozen=True)
@@ -154,30 +191,41 @@ class Dispatcher:
         # records that arrived together share one (group commit).
         async def claim(conn: repository.Conn) -> Begun:
             async with repository.transaction(conn, tenant_id) as tx:
-                row = await repository.load_command_in(tx, tenant_id, operation_id)
-                if row is None:
-                    return Begun("missing")
-                if row["state"] in commands.TERMINAL_STATES:
-                    # Redelivery of a finished command: its recorded result stands (R5.7).
-                    return Begun("terminal", state=row["state"])
-                if row["connector"] not in self.connectors:
-                    # A record on the wrong topic: the command stays pending for the executor
-                    # of its connector, which gets its own record (the claim refuses it too).
-                    return Begun("foreign", state=row["state"])
-                held = await dispatch.claim_in(
+                # One statement claims a pending command of ours and returns it with its
+                # principal (issue 41); only when it claims nothing is the command loaded,
+                # to say why.
+                claimed = await dispatch.claim_loaded_in(
                     tx, tenant_id, operation_id, worker_id=self.worker_id,
                     lease_s=self.lease_s, traceparent=traceparent,
-                    connectors=list(self.connectors),
-                )
-                if held is None:
-                    return Begun("held", state=row["state"])
-                checked = await self._refusal(tx, row, in_transaction=True)
+                    connectors=list(self.connectors))
+                if claimed is None:
+                    return await self._not_claimed(tx, tenant_id, operation_id)
+                held, row = claimed
+                found = (cedar.Principal(row["tenant_id"], row["principal_id"],
+                                         frozenset(json.loads(row["principal_roles"])),
+                                         bool(row["principal_revoked"]))
+                         if row["principal_known"] else None)
+                checked = await self._refusal(tx, row, principal=found)
             return Begun("claimed", claim=held, row=row, checked=checked)
 
         begun = await self._group.run(tenant_id, claim)
         if begun.claim is not None:
             await faults.point("executor.after_claim")
         return begun
+
+    async def _not_claimed(self, tx: repository.Conn, tenant_id: UUID,
+                           operation_id: UUID) -> Begun:
+        """Why the claim took nothing: no such command, a finished one (its recorded result
+        stands, R5.7), one of another connector (its own executor gets its own record), or
+        one another worker holds."""
+        row = await repository.load_command_in(tx, tenant_id, operation_id)
+        if row is None:
+            return Begun("missing")
+        if row["state"] in commands.TERMINAL_STATES:
+            return Begun("terminal", state=row["state"])
+        if row["connector"] not in self.connectors:
+            return Begun("foreign", state=row["state"])
+        return Begun("held", state=row["state"])
 
     async def complete(self, held: dispatch.Claim, *, traceparent: str | None = None) -> str:
         """Check, call and record. Returns the state recorded; raises StaleClaim if fenced."""
@@ -208,11 +256,11 @@ class Dispatcher:
                 row = await repository.load_command(conn, held.tenant_id, held.operation_id)
             seen["connector"] = row["connector"]
             spans.annotate(action=row["action"], connector=row["connector"])
-            refusal, decided = checked or await self._refusal(conn, row)
-            if refusal is not None:
-                state, reason = refusal
+            checked = checked or await self._refusal(conn, row)
+            if checked.refusal is not None:
+                state, reason = checked.refusal
                 await self._finalize(conn, held, state, reason=reason, traceparent=traceparent,
-                                     also=decided)
+                                     also=checked.also())
                 return state
             arguments = json.loads(await self.cipher.decrypt(
                 conn, held.tenant_id, held.operation_id, bytes(row["payload_ciphertext"]),
@@ -222,12 +270,13 @@ class Dispatcher:
             token = self.credentials.token(connector.name, held.tenant_id)
             if token is None:
                 await self._finalize(conn, held, "denied", traceparent=traceparent,
-                                     reason="no write credential for this tenant", also=decided)
+                                     reason="no write credential for this tenant",
+                                     also=checked.also())
                 return "denied"
         call = base.Call(held.tenant_id, held.operation_id, row["action"], row["resource_id"],
                          arguments, row["expected_revision"], fencing_generation=held.generation)
         result, held, stale = await self._call(connector, call, token, held, traceparent,
-                                               decided)
+                                               checked.decision())
         if stale:
             log.warning("event=taken_over_between_calls operation_id=%s generation=%d",
                         held.operation_id, held.generation)
@@ -286,57 +335,58 @@ class Dispatcher:
                       held.operation_id, weighed.state, kind)
 
     async def _refusal(
-        self, conn: repository.Conn, row: asyncpg.Record, *, in_transaction: bool = False,
+        self, conn: repository.Conn, row: asyncpg.Record, *,
+        principal: cedar.Principal | _Unread | None = _UNREAD,
     ) -> Checked:
         """R2.6: the decision must still be valid and the CURRENT policy must still permit.
 
-        Returns the refusal (None: go on) and the write of the dispatch-time decision, for
-        the transaction that comes next: the finalize of a refusal, or the pre-call mark
-        (so the decision is durable before any call, in no transaction of its own).
-        ``in_transaction``: ``conn`` is in a transaction bound to the command's tenant.
+        Returns the refusal (None: go on) and the dispatch-time decision, for the write that
+        comes next: the finalize of a refusal, or the pre-call mark (so the decision is
+        durable before any call, in no transaction of its own). ``principal``: the
+        directory's record as the claim's statement read it; unread, it is read here.
         """
         # R9.2: a shadow run never writes. Admission refuses shadow proposals; this second,
         # independent check denies a shadow command that reached the ledger anyway, before
         # any connector call (the flag comes with the command's row).
         if row["shadow"]:
-            return ("denied", "shadow command: shadow runs are recorded, never dispatched"), None
+            return Checked(("denied", "shadow command: shadow runs are recorded, never "
+                            "dispatched"))
         if row["expires_at"] <= datetime.now(UTC):
-            return ("expired", await dispatch.expiry_reason(conn, row["tenant_id"],
-                                                            row["decision_id"])), None
+            return Checked(("expired", await dispatch.expiry_reason(
+                conn, row["tenant_id"], row["decision_id"])))
         if row["payload_ciphertext"] is None:
-            return ("expired", "the payload was purged before dispatch"), None
+            return Checked(("expired", "the payload was purged before dispatch"))
         try:
             spec = self.allowlist.get(row["action"])
         except errors.UnknownAction:
-            return ("denied", f"{row['action']} is no longer on the allowlist"), None
+            return Checked(("denied", f"{row['action']} is no longer on the allowlist"))
         with spans.span(tracer, "authorization", attributes={spans.STAGE: "dispatch"}) as authz:
-            verdict = await self.authorizer.authorize(
-                conn, tenant_id=row["tenant_id"], principal_id=row["principal_id"], action=spec,
-                resource_id=row["resource_id"], in_transaction=in_transaction)
+            if isinstance(principal, _Unread):
+                verdict = await self.authorizer.authorize(
+                    conn, tenant_id=row["tenant_id"], principal_id=row["principal_id"],
+                    action=spec, resource_id=row["resource_id"])
+            else:
+                verdict = self.authorizer.authorize_known(
+                    principal, tenant_id=row["tenant_id"], principal_id=row["principal_id"],
+                    action=spec, resource_id=row["resource_id"])
             authz.set_attributes({spans.EFFECT: verdict.effect,
                                   spans.POLICY_VERSION: verdict.policy_version})
         telemetry_metrics.authorizations.add(1, stage="dispatch", outcome=verdict.effect)
-
-        async def decided(tx: repository.Conn) -> None:
-            await policy_repo.record_decision(
-                tx, verdict, tenant_id=row["tenant_id"], principal_id=row["principal_id"],
-                action=spec.name, resource_id=row["resource_id"],
-                operation_id=row["operation_id"], stage="dispatch")
         # Only a denial stops a command: one a person approved stays approved (R2.6).
         if verdict.effect == "deny":
             why = common.reason_text(f"current policy denies it: {verdict.reason}")
-            return ("denied", why), decided
-        return None, decided
+            return Checked(("denied", why), verdict, row, spec.name)
+        return Checked(None, verdict, row, spec.name)
 
     async def _call(
         self, connector: base.Connector, call: base.Call, token: str, held: dispatch.Claim,
-        traceparent: str | None, decided: dispatch.Also | None = None,
+        traceparent: str | None, decided: dispatch.DispatchDecision | None = None,
     ) -> tuple[base.Result, dispatch.Claim, bool]:
         """The call, its reconnects and keyed resends. Returns the last result, the claim it
         was made under, and whether the claim was taken over before a further call (the
         result is then a late answer: recorded, never an outcome)."""
         result, first = await self._attempt(connector, call, token, held, "dispatch", None,
-                                            also=decided)
+                                            decision=decided)
         await faults.point("executor.after_remote_write")
         try:
             tries = 0
@@ -363,7 +413,7 @@ class Dispatcher:
 
     async def _attempt(
         self, connector: base.Connector, call: base.Call, token: str, held: dispatch.Claim,
-        kind: str, first: Link | None, *, also: dispatch.Also | None = None,
+        kind: str, first: Link | None, *, decision: dispatch.DispatchDecision | None = None,
     ) -> tuple[base.Result, Link]:
         """One connector call in its own ``attempt`` span; a reconnect or a resend links to
         the first attempt. Returns the result and the link to the first attempt.
@@ -381,7 +431,7 @@ class Dispatcher:
         # stalled past its lease (a GC pause, a frozen VM) must not act on a claim that was
         # taken from it; and an unmarked claim is known never to have sent (issue 17).
         await self._group.run(held.tenant_id, lambda conn: dispatch.mark_sending(
-            conn, held, call_s=bound, also=also))
+            conn, held, call_s=bound, decision=decision))
         # The call's deadline, sent with it: a provider that honours it refuses the request
         # if it arrives after this call's own timer has given up on it (issue 37 §2).
         call = replace(call, deadline=datetime.now(UTC) + timedelta(seconds=bound))

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 from uuid import UUID
 
+import asyncpg
+
 from agentledger import errors, sql
 from agentledger.contracts import commands, common, outcomes
 from agentledger.ledger import repository
@@ -52,6 +54,21 @@ ReceiptCheck = Literal["confirmed", "unchecked"]
 Requeued = Literal["requeued", "capped"]
 # What ``finalize`` may record: any state but ``dispatching`` (a claim's, never an outcome).
 FinalState = Literal["pending", "unknown", commands.TerminalState]
+
+
+@dataclass(frozen=True)
+class DispatchDecision:
+    """The dispatch-time policy decision (R2.6), written in the statement of the pre-call
+    mark — durable before any call, in no transaction of its own."""
+
+    decision_id: UUID
+    principal_id: str
+    action: str
+    resource_id: str
+    effect: str
+    policy_version: str
+    reasons: str  # JSON list of the policy ids that decided
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -131,6 +148,26 @@ async def claim_in(
                  row.get("previous_state") or "pending")
 
 
+async def claim_loaded_in(
+    tx: Conn, tenant_id: UUID, operation_id: UUID, *, worker_id: str, lease_s: float,
+    traceparent: str | None = None, connectors: Sequence[str] = (),
+) -> tuple[Claim, asyncpg.Record] | None:
+    """:func:`claim_in` of a pending command in ONE statement that also returns the command as
+    admission stored it and its principal as the directory records it now (``principal_*``
+    columns): what the executor read in two more statements (issue 41). None: nothing was
+    claimed (the caller loads the command to say why)."""
+    token = uuid.uuid4()
+    row = await tx.fetchrow(
+        Q["claim_loaded"], tenant_id, operation_id, token, worker_id, lease_s, list(connectors),
+        "dispatch", traceparent, repository.event_json(
+            {"operation_id": str(operation_id), "worker_id": worker_id, "kind": "dispatch",
+             "previous_state": "pending"}))
+    if row is None:
+        return None
+    return Claim(tenant_id, operation_id, token, worker_id, int(row["fencing_generation"]),
+                 row["lease_until"], row["attempt_id"], "pending"), row
+
+
 async def new_attempt(
     conn: Conn, held: Claim, *, kind: AttemptKind, traceparent: str | None = None
 ) -> Claim:
@@ -146,7 +183,7 @@ async def new_attempt(
 
 
 async def mark_sending(conn: Conn, held: Claim, *, call_s: float,
-                       also: Also | None = None) -> datetime:
+                       decision: DispatchDecision | None = None) -> datetime:
     """Prove the claim is current, on the ledger, immediately before a connector call, and
     make its lease cover the whole call.
 
@@ -156,8 +193,9 @@ async def mark_sending(conn: Conn, held: Claim, *, call_s: float,
     attempt as one that may have reached the connector (``sent_at``): the reconciler treats
     an expired claim none of whose attempts was marked as never sent.
 
-    ``also``: more writes for the same transaction, made only while the claim is current
-    (the dispatch-time policy decision: durable before any call).
+    ``decision``: the dispatch-time policy decision, written in the same statement, only
+    while the claim is current (durable before any call). One statement: a lease that already
+    covers the call is not rewritten (issue 41).
 
     Returns:
         The lease's end after the renewal.
@@ -167,18 +205,19 @@ async def mark_sending(conn: Conn, held: Claim, *, call_s: float,
             (the attempt is closed as ``abandoned``). A database error propagates: no ledger,
             no call.
     """
+    d = decision
     async with repository.transaction(conn, held.tenant_id) as tx:
         lease_until: datetime | None = await tx.fetchval(
             Q["mark_sending"], held.tenant_id, held.operation_id, held.token, held.attempt_id,
-            float(call_s) + CALL_MARGIN_S)
+            float(call_s) + CALL_MARGIN_S, d and d.decision_id, d and d.principal_id,
+            d and d.action, d and d.resource_id, d and d.effect, d and d.policy_version,
+            d and d.reasons, d and d.reason)
         if lease_until is None:
             # Only an attempt that never sent is over here: a reconnect's attempt already
             # sent once, and what that send was answered is its own to record.
             await tx.execute(Q["abandon_unsent"], held.tenant_id, held.attempt_id,
                              "the claim was taken over or its lease expired before the call; "
                              "nothing was sent")
-        elif also is not None:
-            await also(tx)
     if lease_until is None:
         raise errors.StaleClaim("the claim is no longer current; the call was not made",
                                 operation_id=str(held.operation_id))

@@ -36,6 +36,49 @@ WITH target AS (
 SELECT claimed.fencing_generation, claimed.lease_until, attempt.attempt_id
 FROM claimed, attempt;
 
+-- name: claim_loaded --
+-- The executor's claim in ONE statement (issue 41): `claim` (same lock, same checks, same
+-- attempt and audit event), returning the command as admission stored it (what
+-- `load_command` read before) and its principal as the directory records it now (what the
+-- dispatch-time policy check read in a statement of its own). No row: nothing was claimed,
+-- and the caller loads the command to say why.
+WITH target AS (
+  SELECT tenant_id, operation_id FROM agent_command
+  WHERE tenant_id = $1 AND operation_id = $2 AND state = 'pending'
+    AND connector = ANY($6::text[])
+  FOR UPDATE SKIP LOCKED
+), claimed AS (
+  UPDATE agent_command c
+  SET state = 'dispatching', claim_token = $3, claimed_by = $4,
+      lease_until = now() + make_interval(secs => $5),
+      fencing_generation = c.fencing_generation + 1,
+      dispatched_at = coalesce(c.dispatched_at, now()), updated_at = now()
+  FROM target
+  WHERE c.tenant_id = target.tenant_id AND c.operation_id = target.operation_id
+  RETURNING c.tenant_id, c.operation_id, c.request_hash, c.state, c.principal_id, c.action,
+            c.connector, c.resource_id, c.expected_revision, c.decision_id, c.policy_version,
+            c.allowlist_version, c.expires_at, c.payload_ciphertext, c.payload_key_version,
+            c.payload_purged_at, c.provider_receipt, c.outcome_reason, c.claim_token,
+            c.claimed_by, c.fencing_generation, c.lease_until, c.created_at, c.updated_at,
+            c.dispatched_at, c.finished_at, c.shadow
+), attempt AS (
+  INSERT INTO command_attempt (tenant_id, operation_id, fencing_generation, worker_id, kind,
+                               traceparent)
+  SELECT $1, $2, fencing_generation, $4, $7, $8 FROM claimed
+  RETURNING attempt_id
+), audit AS (
+  INSERT INTO event_outbox (tenant_id, operation_id, aggregatetype, aggregateid, type, payload,
+                            traceparent)
+  SELECT $1::uuid, $2, 'audit', $1::uuid::text, 'command.claimed',
+         $9::jsonb || jsonb_build_object('fencing_generation', fencing_generation), $8
+  FROM claimed
+)
+SELECT claimed.*, attempt.attempt_id, p.principal_id IS NOT NULL AS principal_known,
+       p.roles AS principal_roles,
+       coalesce(p.revoked_at IS NOT NULL AND p.revoked_at <= now(), false) AS principal_revoked
+FROM claimed CROSS JOIN attempt
+LEFT JOIN principal p ON p.tenant_id = claimed.tenant_id AND p.principal_id = claimed.principal_id;
+
 -- name: take_over --
 -- R5.5: the reconciler takes over a command whose lease expired, or an `unknown` one it can
 -- look up. The new token and generation fence the previous holder out of finalizing.
@@ -73,22 +116,40 @@ RETURNING attempt_id, started_at;
 
 -- name: mark_sending --
 -- Right before a call reaches the connector: proves the claim is still this worker's and its
--- lease unexpired, renews the lease to cover the whole call ($5 s: the call bound plus a
--- margin; never shortened), and marks the attempt as one that may have reached it (issue 17).
--- The UPDATE locks the command row, so a take-over either commits first (the token differs
--- or the lease ran out: no row, the worker must not call) or waits and then sees the lease
--- renewed past the end of the call.
-WITH renewed AS (
+-- lease unexpired, makes the lease cover the whole call ($5 s: the call bound plus a margin),
+-- and marks the attempt as one that may have reached it (issue 17); and, in the same
+-- statement, the dispatch-time policy decision ($6..$12; $6 NULL: none to record).
+-- A lease that already covers the call is not rewritten (issue 41: no command version, no
+-- decoded change): while it runs past now + $5 no take-over can begin (a take-over needs
+-- `lease_until < now()`), which is what the row lock of a renewal guaranteed. A lease that
+-- does not cover it is renewed under that lock: a take-over either committed first (the
+-- token differs or the lease ran out: no row, the worker must not call) or waits and then
+-- sees the lease renewed past the end of the call.
+WITH covered AS (
+  SELECT lease_until FROM agent_command
+  WHERE tenant_id = $1 AND operation_id = $2 AND claim_token = $3 AND state = 'dispatching'
+    AND lease_until > now() + make_interval(secs => $5)
+), renewed AS (
   UPDATE agent_command
   SET lease_until = greatest(lease_until, now() + make_interval(secs => $5))
   WHERE tenant_id = $1 AND operation_id = $2 AND claim_token = $3 AND state = 'dispatching'
-    AND lease_until > now()
+    AND lease_until > now() AND NOT EXISTS (SELECT 1 FROM covered)
   RETURNING lease_until
+), proven AS (
+  SELECT lease_until FROM covered UNION ALL SELECT lease_until FROM renewed
+), stamped AS (
+  UPDATE command_attempt SET sent_at = coalesce(sent_at, now())
+  FROM proven
+  WHERE tenant_id = $1 AND attempt_id = $4
+  RETURNING proven.lease_until
+), decided AS (
+  INSERT INTO policy_decision (decision_id, tenant_id, principal_id, action, resource_id,
+                               effect, policy_version, reasons, reason, stage, operation_id)
+  SELECT $6, $1, $7, $8, $9, $10, $11, $12::jsonb, $13, 'dispatch', $2
+  FROM stamped WHERE $6::uuid IS NOT NULL
+  ON CONFLICT (decision_id) DO NOTHING
 )
-UPDATE command_attempt SET sent_at = coalesce(sent_at, now())
-FROM renewed
-WHERE tenant_id = $1 AND attempt_id = $4
-RETURNING renewed.lease_until;
+SELECT lease_until FROM stamped;
 
 -- name: abandon_unsent --
 -- A claim found gone at the pre-call check: its attempt ends `abandoned`, if it never sent.

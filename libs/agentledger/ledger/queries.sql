@@ -33,6 +33,72 @@ WITH admitted AS (
 )
 SELECT count(*)::int FROM obligation;
 
+-- name: admit_allowed --
+-- Admission's allowed path in ONE statement (issue 41): spend the budget ($17 workflow, $18
+-- its tool-call limit; NULL: unbudgeted), admit the command, its dispatch obligation, its
+-- `command.admitted` audit event ($19) and the policy decision ($20 reasons, $21 reason) —
+-- all or nothing, and only for the first admission: a command already recorded (a replay, a
+-- conflict) or a budget with no room writes nothing here, and the caller takes the general
+-- path (a read-back, the refusal's audit). A concurrent first admission of the same key can
+-- pass `existing` and lose the insert: `spent` then says it spent, and the caller gives the
+-- tool call back. Returns created_at when admitted (NULL otherwise), spent, existed.
+WITH existing AS (
+  SELECT 1 FROM agent_command WHERE tenant_id = $1 AND operation_id = $2
+), spent AS (
+  INSERT INTO budget AS b (tenant_id, workflow_id, kind, limit_amount, used)
+  SELECT $1, $17, 'tool_calls', $18, 1
+  WHERE $17::text IS NOT NULL AND $18::bigint >= 1 AND NOT EXISTS (SELECT 1 FROM existing)
+  ON CONFLICT (tenant_id, workflow_id, kind) DO UPDATE
+  SET used = b.used + 1, updated_at = now()
+  WHERE b.limit_amount - b.reserved - b.used >= 1 AND (b.deadline IS NULL OR b.deadline > now())
+  RETURNING b.workflow_id
+), admitted AS (
+  INSERT INTO agent_command (
+    tenant_id, operation_id, request_hash, state, principal_id, action, connector,
+    resource_id, expected_revision, decision_id, policy_version, allowlist_version,
+    expires_at, payload_ciphertext, payload_key_version
+  )
+  SELECT $1, $2, $3, 'pending', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14
+  WHERE NOT EXISTS (SELECT 1 FROM existing)
+    AND ($17::text IS NULL OR EXISTS (SELECT 1 FROM spent))
+  ON CONFLICT (tenant_id, operation_id) DO NOTHING
+  RETURNING tenant_id, operation_id, connector, created_at
+), spend_recorded AS (
+  INSERT INTO budget_reservation (tenant_id, workflow_id, kind, amount, used_amount, state,
+                                  operation_id, settled_at)
+  SELECT $1, spent.workflow_id, 'tool_calls', 1, 1, 'committed', $2, now()
+  FROM spent, admitted
+), obligation AS (
+  INSERT INTO command_outbox (
+    tenant_id, operation_id, aggregatetype, aggregateid, type, payload, traceparent, tracestate
+  )
+  SELECT tenant_id, operation_id, connector, tenant_id::text || ':' || operation_id::text,
+         'command.admitted',
+         jsonb_build_object('tenant_id', tenant_id, 'operation_id', operation_id,
+                            'type', 'command.admitted'),
+         $15, $16
+  FROM admitted
+), audit AS (
+  INSERT INTO event_outbox (tenant_id, operation_id, aggregatetype, aggregateid, type, payload,
+                            traceparent, tracestate)
+  SELECT $1::uuid, $2, 'audit', $1::uuid::text, 'command.admitted', $19::jsonb, $15, $16
+  FROM admitted
+), decided AS (
+  INSERT INTO policy_decision (decision_id, tenant_id, principal_id, action, resource_id,
+                               effect, policy_version, reasons, reason, stage, operation_id)
+  SELECT $9, $1, $4, $5, $7, 'allow', $10, $20::jsonb, $21, 'admission', $2
+  FROM admitted
+  ON CONFLICT (decision_id) DO NOTHING
+)
+SELECT (SELECT created_at FROM admitted) AS created_at, EXISTS (SELECT 1 FROM spent) AS spent,
+       EXISTS (SELECT 1 FROM existing) AS existed;
+
+-- name: give_back_tool_call --
+-- The rare path of `admit_allowed`: its spend raced a first admission of the same key and
+-- admitted nothing; the tool call goes back (a replay spends nothing).
+UPDATE budget SET used = used - 1, updated_at = now()
+WHERE tenant_id = $1 AND workflow_id = $2 AND kind = 'tool_calls' AND used >= 1;
+
 -- name: recorded_command --
 -- What the ledger holds for a key; in READ COMMITTED this statement takes a new snapshot, so
 -- it sees a concurrent first admission once the uniqueness check has waited for it.

@@ -370,6 +370,48 @@ async def admit_in(
     return AdmitResult(status, recorded)
 
 
+async def admit_allowed(
+    tx: Conn, cmd: NewCommand, *, workflow_id: str | None, tool_call_limit: int | None,
+    audit: Mapping[str, Any], decision_reasons: str, decision_reason: str,
+) -> AdmitResult | None:
+    """Admission's allowed path in ONE statement, inside the caller's tenant-bound
+    transaction (issue 41): spend one tool call of ``workflow_id``'s budget (opened with
+    ``tool_call_limit`` by its first use; None: unbudgeted), admit, write the dispatch
+    obligation, the ``command.admitted`` audit event and the allow decision
+    (``decision_reasons``: its JSON list of policy ids).
+
+    Returns the admission, or None when this statement admitted nothing — the key is already
+    recorded (a replay or a conflict), or the budget has no room: the caller then takes the
+    general path (:func:`admit_in` and the budget's own refusal), which answers those cases.
+    A spend that raced a first admission of the same key is given back first.
+    """
+    payload = {"operation_id": str(cmd.operation_id), "principal_id": cmd.principal_id,
+               "action": cmd.action, "connector": cmd.connector,
+               "submitted_hash": cmd.request_hash.hex(), "recorded_hash": cmd.request_hash.hex(),
+               "state": "pending", "decision_id": str(cmd.decision_id),
+               "policy_version": cmd.policy_version, "allowlist_version": cmd.allowlist_version,
+               **audit}
+    budgeted = workflow_id is not None and tool_call_limit is not None
+    row = await tx.fetchrow(
+        Q["admit_allowed"],
+        cmd.tenant_id, cmd.operation_id, cmd.request_hash, cmd.principal_id, cmd.action,
+        cmd.connector, cmd.resource_id, cmd.expected_revision, cmd.decision_id,
+        cmd.policy_version, cmd.allowlist_version, cmd.expires_at, cmd.payload_ciphertext,
+        cmd.payload_key_version, cmd.traceparent, cmd.tracestate,
+        workflow_id if budgeted else None, tool_call_limit if budgeted else None,
+        event_json(payload), decision_reasons, decision_reason)
+    assert row is not None
+    if row["created_at"] is not None:
+        return AdmitResult("admitted", Recorded(
+            request_hash=cmd.request_hash, state="pending", provider_receipt=None,
+            outcome_reason=None, action=cmd.action, connector=cmd.connector,
+            resource_id=cmd.resource_id, created_at=row["created_at"], finished_at=None,
+            payload_purged=False))
+    if row["spent"]:
+        await tx.execute(Q["give_back_tool_call"], cmd.tenant_id, workflow_id)
+    return None
+
+
 def _admission_audit(
     operation_id: UUID, principal_id: str, action: str, connector: str, submitted: bytes,
     recorded: Recorded, more: Mapping[str, Any] | None,

@@ -341,6 +341,17 @@ class CedarPolicy:
         revocation recorded in between takes effect on queued work (R2.6).
         """
         found = await directory.lookup(tenant_id, principal_id)
+        return self.authorize_found(found, tenant_id=tenant_id, principal_id=principal_id,
+                                    action=action, resource_id=resource_id, arguments=arguments,
+                                    resource_tenant_id=resource_tenant_id)
+
+    def authorize_found(
+        self, found: Principal | None, *, tenant_id: UUID, principal_id: str,
+        action: allowlist_mod.ActionSpec, resource_id: str,
+        arguments: Mapping[str, object] | None = None, resource_tenant_id: UUID | None = None,
+    ) -> CedarDecision:
+        """:meth:`authorize` with the directory's record already in hand (None: the tenant
+        has no such principal, which is denied)."""
         if found is None:
             return self._decision("deny", f"{action.name}: principal unknown in this tenant")
         return self.decide(tenant_id=tenant_id, principal_id=principal_id, action=action,

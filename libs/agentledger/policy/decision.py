@@ -12,6 +12,7 @@ from agentledger.policy import allowlist as allowlist_mod
 
 if TYPE_CHECKING:
     from agentledger.ledger.repository import Conn
+    from agentledger.policy.cedar import Principal
 
 Effect = Literal["allow", "require_approval", "deny"]
 
@@ -55,6 +56,14 @@ class Authorizer(Protocol):
     ) -> Decision:
         """``in_transaction``: ``conn`` is inside a transaction bound to ``tenant_id``; the
         principal is read there."""
+        ...
+
+    def authorize_known(
+        self, found: Principal | None, *, tenant_id: UUID, principal_id: str,
+        action: allowlist_mod.ActionSpec, resource_id: str,
+    ) -> Decision:
+        """``authorize`` with the principal as the caller's statement just read it (None:
+        no such principal in the tenant)."""
         ...
 
     async def may_approve(
