@@ -16,6 +16,7 @@ import psycopg2  # type: ignore[import-untyped]
 from confluent_kafka.admin import AdminClient
 
 from agentledger import db, settings
+from agentledger.kafka import logs
 from agentledger.testing import processes
 
 HOME = settings.REPO_ROOT / ".local" / "demo"
@@ -52,7 +53,8 @@ def postgres_answers(url: str) -> bool:
 
 def kafka_answers(bootstrap: str) -> bool:
     try:
-        AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=PROBE_TIMEOUT_S)
+        AdminClient({"bootstrap.servers": bootstrap}, logger=logs.LIBRDKAFKA).list_topics(
+            timeout=PROBE_TIMEOUT_S)
     except Exception:
         return False
     return True
@@ -100,7 +102,7 @@ def recreate_database(owner_url: str, name: str) -> str:
 
 def delete_topics(bootstrap: str, prefix: str) -> int:
     """Delete the topics of earlier demo runs (everything under ``prefix``)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap}, logger=logs.LIBRDKAFKA)
     names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
     for future in (admin.delete_topics(names, operation_timeout=30).values() if names else []):
         future.result(timeout=30)
