@@ -85,8 +85,10 @@ init() {
   local pwfile="$PGDIR/.pw"
   (umask 077 && printf '%s\n' "$PG_PASSWORD" > "$pwfile")
   [ "$(id -u)" = 0 ] && chown postgres "$pwfile"
+  mkdir -p "$LOGS"
   as_pg "$PG_BIN/initdb" -D "$DATA" -U "$PG_USER" --pwfile="$pwfile" \
-      --auth=scram-sha-256 --encoding=UTF8 --locale=C.UTF-8 >&2
+      --auth=scram-sha-256 --encoding=UTF8 --locale=C.UTF-8 >> "$LOGS/postgres-init.log" 2>&1 \
+    || { tail -n 20 "$LOGS/postgres-init.log" >&2; die "initdb failed: $LOGS/postgres-init.log"; }
   rm -f "$pwfile"
   cat "$ROOT/deploy/local/postgres/postgresql.conf" >> "$DATA/postgresql.conf"
   cat >> "$DATA/postgresql.conf" <<CONF
