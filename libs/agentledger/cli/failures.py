@@ -98,6 +98,8 @@ def _setting_names(exc: pydantic.ValidationError) -> list[str]:
         alias = info.validation_alias if info is not None else None
         if isinstance(alias, str):
             names.append(alias)
+        elif field.startswith(context.PREFIX):  # already the alias: the variable itself
+            names.append(field)
         elif cls is not None:
             names.append(f"{cls.model_config.get('env_prefix', '')}{field}".upper())
         else:
