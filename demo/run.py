@@ -105,11 +105,12 @@ def _finish(world: launch.World, console: Console, started: float, browser_hints
     console.print(f"  mailpit  {world.mailpit_url} (the e-mails sent)     "
                   f"mcp  {world.mcp_url}", highlight=False)
     console.print(f"  topics   {world.namespace}*  on {world.bootstrap}", highlight=False)
-    console.print(f"  logs     {commands.shown(home / 'logs')}/     state (ids): "
+    console.print(f"  logs     {commands.shown(home / 'logs')}/     state (ids, tokens): "
                   f"{commands.shown(home / 'state.json')}", highlight=False)
-    console.print("\n  Every command below works as printed from this folder, in any shell "
-                  f"(the settings they need are in {commands.shown(home / 'env')}; to type "
-                  "`agentledger` alone, `source .venv/bin/activate` first).", highlight=False)
+    console.print("\n  Every command below works as printed, in any shell at the checkout's root "
+                  f"({settings.REPO_ROOT}; the settings they need are in "
+                  f"{commands.shown(home / 'env')}; to type `agentledger` alone, "
+                  "`source .venv/bin/activate` first).", highlight=False)
     if browser_hints:
         bob = commands.token_file(home, "user:bob")
         console.print(

@@ -70,7 +70,7 @@ if [ "$MODE" = test ]; then
     started+=(gotools)
   fi
   if ! bash "$HERE/jaeger.sh" installed; then
-    step_start jaeger "Jaeger $(bash "$HERE/jaeger.sh" version), built from its Go module (~7 min once)" \
+    step_start jaeger "Jaeger $(bash "$HERE/jaeger.sh" version), built from its Go module" \
       bash "$HERE/jaeger.sh" install
     started+=(jaeger)
   fi

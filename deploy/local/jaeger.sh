@@ -71,7 +71,7 @@ healthy() { curl -fsS "http://127.0.0.1:$HEALTH_PORT/status" 2>/dev/null | grep 
 
 start() {
   # `make traces` builds it the first time: one line here, the go output in the log.
-  installed || step jaeger "Jaeger $VERSION, built from its Go module (~7 min once)" install
+  installed || step jaeger "Jaeger $VERSION, built from its Go module" install
   if recorded_pid "$PIDFILE" "$CONFIG" >/dev/null && healthy; then
     log "already running (pid $(cat "$PIDFILE")): http://127.0.0.1:$UI_PORT"; return 0
   fi
