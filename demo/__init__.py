@@ -12,8 +12,9 @@ the wheel or the image. ``make demo`` (= ``agentledger demo``) runs it from a ch
   (``agentledger.testing.fake_model``, obeying instructions planted in the evidence) and the
   e-mail path to Mailpit that can lose an answer (``agentledger.testing.smtp_fault``);
 - ``scenarios``: the stories, told through the public interfaces (ingress, the console's
-  JSON API, the library's reconcile and explain functions);
-- ``reconcile``: the operator's steps, as the library's functions;
+  JSON API, the operator's ``agentledger`` commands, the library's explain);
+- ``commands``: the commands it prints for a person to type, written to work when pasted in
+  a fresh shell (and the files they need: ``<home>/env``, ``<home>/tokens/``);
 - ``adoption``: the operator's configuration of the adoption stories (e-mail connector,
   Mailpit, the declared HTTP API);
 - ``stories_adoption``: the last three, your own connector (``email.send`` from the outside

@@ -15,9 +15,6 @@ from agentledger import settings
 from agentledger.connectors import plugins
 from demo import stack
 
-# Mailpit, the real SMTP server the e-mail connector sends to: built by
-# deploy/local/mailpit.sh install (make bootstrap), or wherever AGENTLEDGER_MAILPIT_BIN says.
-MAILPIT_BIN = settings.REPO_ROOT / ".local" / "bin" / "mailpit"
 # Where the e-mail connector's resolver lets mail go (every seeded customer is @example.com).
 EMAIL_DOMAINS = ["example.com"]
 EMAIL_SENDER = "assistant@acme.example"
@@ -29,7 +26,10 @@ HTTP_ACTION = "crmhttp.note.create"
 
 
 def mailpit_binary() -> Path:
-    found = Path(os.environ.get("AGENTLEDGER_MAILPIT_BIN") or MAILPIT_BIN)
+    """Mailpit, the real SMTP server the e-mail connector sends to: built by
+    deploy/local/mailpit.sh install (make bootstrap), or wherever AGENTLEDGER_MAILPIT_BIN says."""
+    found = Path(os.environ.get("AGENTLEDGER_MAILPIT_BIN")
+                 or settings.local_dir() / "bin" / "mailpit")
     if not found.is_file():
         raise stack.DemoError(f"Mailpit is missing ({found}): the e-mail story sends to it",
                               "make bootstrap (or: bash deploy/local/mailpit.sh install; "

@@ -39,7 +39,7 @@ MCP_WAIT_S = "20"
 class Options:
     """What a demo run may vary (the test uses its own database, namespace and home)."""
 
-    home: Path = stack.HOME
+    home: Path = field(default_factory=settings.demo_home)
     database: str = "agentledger_demo"
     prefix: str = "demo"
 
@@ -88,11 +88,15 @@ class World:
         path.write_text(json.dumps(asdict(self), indent=2, default=str))
 
     @classmethod
-    def load(cls, home: Path = stack.HOME) -> World:
+    def load(cls, home: Path) -> World:
         return cls(**json.loads((home / "state.json").read_text()))
 
 
 Step = Callable[[str], None]
+
+
+def _quiet(text: str) -> None:
+    """A step that only the spinner shows (what a run prints stays short)."""
 
 
 def _tenant_json(t: seed.Tenant) -> dict[str, Any]:
@@ -110,10 +114,11 @@ def prepare(opts: Options, step: Step) -> tuple[str, str, str]:
     if not re.fullmatch(r"[a-z][a-z0-9]{0,30}", opts.prefix):
         raise stack.DemoError(f"namespace {opts.prefix!r} is not lower-case letters and digits",
                               "pass e.g. --namespace demo2")
-    stack.load_env_file()
     common = settings.load()
-    step("checking Kafka and PostgreSQL")
-    if stack.ensure_stack(common.database_url, common.kafka_bootstrap):
+    if not stack.stack_answers(common.database_url, common.kafka_bootstrap):
+        step("starting Kafka and PostgreSQL (the first run also fetches Kafka from Maven "
+             "Central and creates the database cluster)")
+        stack.ensure_stack(opts.home)
         common = settings.load()
     stopped = stack.stop_all(opts.home)
     if stopped:
@@ -139,8 +144,10 @@ def _database(login_urls: dict[str, str], service: str) -> dict[str, str]:
     return {"AGENTLEDGER_DATABASE_URL": url} if url else {}
 
 
-def launch(opts: Options, step: Step) -> World:
-    """Start every service and seed the world; the returned world is saved to state.json."""
+def launch(opts: Options, step: Step, progress: Step = _quiet) -> World:
+    """Start every service and seed the world; the returned world is saved to state.json.
+
+    ``step`` tells what a run does, ``progress`` what it is waiting for (each service)."""
     ledger_url, crm_db, ns = prepare(opts, step)
     common = settings.load()
     bootstrap = common.kafka_bootstrap
@@ -323,7 +330,7 @@ def launch(opts: Options, step: Step) -> World:
     started = [processes.start(opts.home, name, modules[name],
                            {**base, **_database(login_urls, module.get(name, name)), **own})
                for name, own in env.items()]
-    processes.wait_ready(started, probes, on_ready=lambda name: step(f"{name} is ready"))
+    processes.wait_ready(started, probes, on_ready=lambda name: progress(f"{name} is ready"))
     tokens = {p: keys.session(acme.tenant_id, p, roles) for p, roles in seed.PRINCIPALS.items()}
     operator_env = {
         "AGENTLEDGER_OPERATOR_SESSION_KEYS": session_keys,
@@ -331,7 +338,11 @@ def launch(opts: Options, step: Step) -> World:
         "AGENTLEDGER_OPERATOR_SESSION_AUDIENCE": seed.SESSION_AUDIENCE,
         "AGENTLEDGER_OPERATOR_CRM_URL": url["crm"],
         "AGENTLEDGER_OPERATOR_LOOKUP_TOKENS":
-            env["reconciler"]["AGENTLEDGER_RECONCILER_LOOKUP_TOKENS"]}
+            env["reconciler"]["AGENTLEDGER_RECONCILER_LOOKUP_TOKENS"],
+        # The services' connectors, actions and policies: what `reconcile resolve` looks up
+        # with and `check-config` checks.
+        **{name: base[name] for name in ("AGENTLEDGER_CONNECTORS", "AGENTLEDGER_ALLOWLIST",
+                                         "AGENTLEDGER_POLICY_DIR")}}
     world = World(
         database_url=ledger_url, crm_database_url=crm_db, bootstrap=bootstrap, namespace=ns,
         crm_url=url["crm"], crm_admin_token=admin_token, ingress_url=url["ingress"],

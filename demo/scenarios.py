@@ -1,8 +1,8 @@
 """The demo's stories, told through the public interfaces and checked against the records.
 
 Gateways speak to ingress (``agentledger.client.GatewayClient``), approvers to the console's
-JSON API, operators the library's reconcile and explain functions (what the ``reconcile``
-and ``explain`` commands call, printed the way they print it). After each step the
+JSON API, operators type ``agentledger reconcile`` commands (printed, then run as typed in a
+fresh shell: :mod:`demo.commands`). After each step the
 narration prints what the LEDGER and the CRM's EFFECT LOG say, not what a client was told.
 Every operation id lands in ``World.operations`` (and ``state.json``) for the test to check.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -25,7 +26,7 @@ from rich.markup import escape
 
 from agentledger import client as gateway
 from agentledger.contracts import topics
-from demo import reconcile, seed
+from demo import commands, seed
 from demo.launch import BUDGET_TOOL_CALLS, World
 
 # One command through relay, executor and CRM takes well under a second; a minute means stuck.
@@ -91,6 +92,12 @@ class Story:
         result: dict[str, Any] = decided.json()
         self.say(f"{approver} approves: [bold]{result['state']}[/bold]")
         return result
+
+    async def typed(self, line: str) -> None:
+        """An operator's command, printed and run as typed (:mod:`demo.commands`); its output
+        follows it."""
+        said = await asyncio.to_thread(commands.run, self.out, line)
+        self.out.print(said.rstrip(), markup=False, highlight=False, soft_wrap=True)
 
     async def until(self, check: Callable[[], Awaitable[Any]], timeout: float = OUTCOME_TIMEOUT_S
                     ) -> Any:
@@ -191,13 +198,9 @@ async def lost_refund_reconciled(s: Story) -> None:
     refunds = await s.effects("refund.created")
     s.fact(f"CRM effect log: {len(refunds)} refund.created — this one did happen, the runtime "
            "just cannot know it, so it does not claim it")
-    tenant = s.world.tenant
-    s.say(f"[bold]operator oscar[/bold] $ agentledger reconcile list --tenant {tenant}")
-    unknown = await reconcile.unknown_commands(s.world.database_url, tenant)
-    for listed in unknown:
-        s.out.print(reconcile.describe(listed), soft_wrap=True, highlight=False)
-    if not unknown:
-        s.say("no unknown commands")
+    home = Path(s.world.home)
+    s.say("[bold]operator oscar[/bold] lists the commands whose outcome is unknown:")
+    await s.typed(commands.cli(home, "reconcile", "list", "--tenant", str(s.world.tenant)))
     effect = refunds[-1]
     evidence = (f"CRM effect log: effect {effect['effect_id']} refund.created for "
                 f"{effect['customer_id']} at {effect['created_at']}")
@@ -205,15 +208,9 @@ async def lost_refund_reconciled(s: Story) -> None:
     reason = "found the refund in the CRM effect log, committed when the answer was lost"
     s.say("[bold]operator oscar[/bold] signs with his own session token (an operator in the "
           "principal directory); the ledger records him as the resolver, not a name he types")
-    s.say(f"[bold]operator oscar[/bold] $ AGENTLEDGER_TOKEN=<oscar's token> agentledger reconcile "
-          f"resolve {op} --outcome succeeded --receipt {receipt} "
-          f"--reason {escape(json.dumps(reason))} --evidence {escape(json.dumps(evidence))}")
-    done = await reconcile.resolve(s.world.database_url, s.world.tokens["user:oscar"], op,
-                                  outcome="succeeded", reason=reason, receipt=receipt,
-                                  evidence=evidence)
-    s.out.print(f"resolved {op} as succeeded by {done.resolved_by}, {done.check.check}: "
-                f"{escape(done.check.detail)} (resolution {done.resolution_id})",
-                highlight=False)
+    await s.typed(commands.with_token(home, "user:oscar", commands.cli(
+        home, "reconcile", "resolve", str(op), "--outcome", "succeeded", "--receipt", receipt,
+        "--reason", shlex.quote(reason), "--evidence", shlex.quote(evidence))))
     row = await s.command(op)
     who = await s.rows("SELECT resolved_by, reason FROM command_resolution"
                        " WHERE operation_id = $1", op)

@@ -1,13 +1,13 @@
 """The demo's world around its processes: the shared stack, a fresh database and namespace.
 
-The services themselves are detached processes with pid files under ``HOME``
-(:mod:`agentledger.testing.processes`): they outlive the ``agentledger demo`` command, and
-``agentledger down`` stops exactly the pids recorded there through :func:`stop_all`.
+The services themselves are detached processes with pid files under the demo's home
+(``settings.demo_home()``, :mod:`agentledger.testing.processes`): they outlive the
+``agentledger demo`` command, and ``agentledger down`` stops exactly the pids recorded there
+through :func:`stop_all`.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -16,11 +16,11 @@ import psycopg2  # type: ignore[import-untyped]
 from confluent_kafka.admin import AdminClient
 
 from agentledger import db, settings
+from agentledger.cli import context
+from agentledger.kafka import logs
 from agentledger.testing import processes
 
-HOME = settings.REPO_ROOT / ".local" / "demo"
 STACK_SCRIPT = settings.REPO_ROOT / "deploy" / "local" / "stack.sh"
-ENV_FILE = settings.REPO_ROOT / ".local" / "env"
 # Probes of a stack that is up answer in milliseconds; a down one must not hang the check.
 PROBE_TIMEOUT_S = 3.0
 
@@ -30,16 +30,6 @@ class DemoError(processes.StartFailed):
 
 
 # --- the shared stack ------------------------------------------------------------------------
-
-
-def load_env_file(path: Path = ENV_FILE) -> None:
-    """Fill AGENTLEDGER_* variables from ``.local/env`` where the environment has none."""
-    if not path.exists():
-        return
-    for line in path.read_text().splitlines():
-        found = re.match(r"^\s*(?:export\s+)?(AGENTLEDGER_[A-Z_]+)=(.*)$", line)
-        if found and found[1] not in os.environ:
-            os.environ[found[1]] = found[2].strip().strip("'\"")
 
 
 def postgres_answers(url: str) -> bool:
@@ -52,21 +42,21 @@ def postgres_answers(url: str) -> bool:
 
 def kafka_answers(bootstrap: str) -> bool:
     try:
-        AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=PROBE_TIMEOUT_S)
+        AdminClient({"bootstrap.servers": bootstrap}, logger=logs.LIBRDKAFKA).list_topics(
+            timeout=PROBE_TIMEOUT_S)
     except Exception:
         return False
     return True
 
 
-def ensure_stack(database_url: str, bootstrap: str) -> bool:
-    """Start Kafka and PostgreSQL with ``deploy/local/stack.sh up`` unless both answer.
+def stack_answers(database_url: str, bootstrap: str) -> bool:
+    return postgres_answers(database_url) and kafka_answers(bootstrap)
 
-    Returns:
-        Whether the stack had to be started.
-    """
-    if postgres_answers(database_url) and kafka_answers(bootstrap):
-        return False
-    log = HOME / "logs" / "stack-up.log"
+
+def ensure_stack(home: Path) -> None:
+    """Start Kafka and PostgreSQL with ``deploy/local/stack.sh up`` (its output in
+    ``home/logs/stack-up.log``), then read the connections it wrote (``.local/env``)."""
+    log = home / "logs" / "stack-up.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
         rc = subprocess.call(["bash", str(STACK_SCRIPT), "up"],  # noqa: S603,S607 - our script
@@ -75,8 +65,7 @@ def ensure_stack(database_url: str, bootstrap: str) -> bool:
         raise DemoError(f"deploy/local/stack.sh up failed (exit {rc}); its output is in {log}",
                         "run `make bootstrap` once (installs Java, Maven, PostgreSQL), then "
                         "`make up` to see the error")
-    load_env_file()
-    return True
+    context.load("demo")
 
 
 def recreate_database(owner_url: str, name: str) -> str:
@@ -100,18 +89,18 @@ def recreate_database(owner_url: str, name: str) -> str:
 
 def delete_topics(bootstrap: str, prefix: str) -> int:
     """Delete the topics of earlier demo runs (everything under ``prefix``)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap}, logger=logs.LIBRDKAFKA)
     names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
     for future in (admin.delete_topics(names, operation_timeout=30).values() if names else []):
         future.result(timeout=30)
     return len(names)
 
 
-def running(home: Path = HOME) -> list[tuple[str, int, bool]]:
+def running(home: Path) -> list[tuple[str, int, bool]]:
     """(name, pid, alive) of every demo service with a pid file under ``home``."""
     return processes.recorded(home)
 
 
-def stop_all(home: Path = HOME) -> list[str]:
+def stop_all(home: Path) -> list[str]:
     """Stop the demo's services recorded under ``home``; the names of those that ran."""
     return processes.stop_all(home)

@@ -16,6 +16,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoi
 
 from agentledger import db as agentledger_db
 from agentledger import migrations, settings
+from agentledger.kafka import logs as kafka_logs
 from agentledger.telemetry import metrics as telemetry_metrics
 from tests import stack as stack_mod
 from tests.helpers import Points
@@ -103,7 +104,9 @@ async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
 
 @pytest.fixture(scope="session")
 def kafka_admin(stack: stack_mod.Stack) -> AdminClient:
-    return AdminClient({"bootstrap.servers": stack.kafka_bootstrap})
+    # Lives past the stack's stop at the end of the run: its librdkafka lines go to logging,
+    # never to the terminal after pytest's summary.
+    return AdminClient({"bootstrap.servers": stack.kafka_bootstrap}, logger=kafka_logs.LIBRDKAFKA)
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@
 #   gotools.sh install NAME PACKAGE VERSION   build PACKAGE@VERSION as .local/bin/NAME once
 #                                             (idempotent: a NAME.version stamp records it)
 #   gotools.sh deploy                         kustomize and kubeconform (the manifest tests)
+#   gotools.sh installed                      succeed when both are built at their versions
 #   gotools.sh go                             print the Go it builds with (fetching one if needed)
 # A Go that can switch toolchains (>= 1.21) is used as it is; without one, the toolchain
 # $GO_TOOLCHAIN is fetched from the Go module proxy into .local/go-toolchain, the same archive
@@ -57,10 +58,14 @@ PY
   echo "$root/bin/go"
 }
 
+built() {  # NAME VERSION
+  [ -x "$LOCAL/bin/$1" ] && [ "$(cat "$LOCAL/bin/$1.version" 2>/dev/null)" = "$2" ]
+}
+
 install_tool() {  # NAME PACKAGE VERSION
   local name="$1" package="$2" version="$3"
   local bin="$LOCAL/bin/$name"
-  if [ -x "$bin" ] && [ "$(cat "$bin.version" 2>/dev/null)" = "$version" ]; then return 0; fi
+  if built "$name" "$version"; then return 0; fi
   local go build
   go="$(find_go)"
   log "building $name $version into $LOCAL/bin ($("$go" env GOVERSION))"
@@ -85,10 +90,13 @@ case "${1:-}" in
     install_tool kustomize sigs.k8s.io/kustomize/kustomize/v5 "$KUSTOMIZE_VERSION"
     install_tool kubeconform github.com/yannh/kubeconform/cmd/kubeconform "$KUBECONFORM_VERSION"
     ;;
+  installed)
+    built kustomize "$KUSTOMIZE_VERSION" && built kubeconform "$KUBECONFORM_VERSION"
+    ;;
   go)
     find_go
     ;;
   *)
-    die "usage: gotools.sh install NAME PACKAGE VERSION | deploy | go"
+    die "usage: gotools.sh install NAME PACKAGE VERSION | deploy | installed | go"
     ;;
 esac

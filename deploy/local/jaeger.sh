@@ -3,6 +3,8 @@
 # Built from its Go module (github.com/jaegertracing/jaeger, program cmd/jaeger) into
 # .local/bin, run with in-memory storage and OTLP ingest (deploy/local/jaeger.yaml).
 #   jaeger.sh install   build it once and unpack its UI (idempotent)
+#   jaeger.sh installed succeed when this version is built and its UI unpacked
+#   jaeger.sh version   print the version it builds
 #   jaeger.sh ui        unpack the UI only; print its directory
 #   jaeger.sh path      print the binary's path
 #   jaeger.sh start     start it (pid recorded in .local/jaeger/jaeger.pid), wait until healthy
@@ -39,6 +41,11 @@ install_ui() {
   echo "$UI_VERSION" > "$UI_ASSETS/.version"
 }
 
+installed() {
+  [ -x "$BIN" ] && [ "$(cat "$BIN.version" 2>/dev/null)" = "$VERSION" ] \
+    && [ -f "$UI_ASSETS/index.html" ] && [ "$(cat "$UI_ASSETS/.version" 2>/dev/null)" = "$UI_VERSION" ]
+}
+
 install() {
   install_ui
   if [ -x "$BIN" ] && [ "$(cat "$BIN.version" 2>/dev/null)" = "$VERSION" ]; then return 0; fi
@@ -63,7 +70,8 @@ install() {
 healthy() { curl -fsS "http://127.0.0.1:$HEALTH_PORT/status" 2>/dev/null | grep -q '"healthy":true'; }
 
 start() {
-  install
+  # `make traces` builds it the first time: one line here, the go output in the log.
+  installed || step jaeger "Jaeger $VERSION, built from its Go module" install
   if recorded_pid "$PIDFILE" "$CONFIG" >/dev/null && healthy; then
     log "already running (pid $(cat "$PIDFILE")): http://127.0.0.1:$UI_PORT"; return 0
   fi
@@ -79,6 +87,8 @@ start() {
 
 case "${1:-}" in
   install) install ;;
+  installed) installed ;;
+  version) echo "$VERSION" ;;
   ui) install_ui; echo "$UI_ASSETS" ;;
   path) echo "$BIN" ;;
   start) start ;;
@@ -90,5 +100,5 @@ case "${1:-}" in
     echo "OTEL_EXPORTER_OTLP_PROTOCOL=grpc"
     echo "OTEL_METRICS_EXPORTER=none"  # Jaeger stores spans; metrics go to a collector
     echo "AGENTLEDGER_TRACES_URL=http://127.0.0.1:$UI_PORT" ;;
-  *) die "usage: jaeger.sh install|ui|path|start|stop|status|env" ;;
+  *) die "usage: jaeger.sh install|installed|version|ui|path|start|stop|status|env" ;;
 esac

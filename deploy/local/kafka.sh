@@ -24,10 +24,12 @@ KAFKA_HOST="${AGENTLEDGER_KAFKA_HOST:-127.0.0.1}"
 fetch() {
   [ -f "$LIBS/.complete" ] && return 0
   command -v mvn >/dev/null || die "maven is missing (run: make bootstrap)"
-  log "fetching Apache Kafka jars from Maven Central (first run only)"
-  mkdir -p "$LIBS"
-  mvn -q -B -f "$ROOT/deploy/local/kafka/pom.xml" dependency:copy-dependencies \
-      -DincludeScope=runtime -DoutputDirectory="$LIBS" >&2
+  log "fetching Apache Kafka jars from Maven Central (first run only): $LOGS/kafka-jars.log"
+  mkdir -p "$LIBS" "$LOGS"
+  # -B: no colours nor progress bars in the log.
+  mvn -B -f "$ROOT/deploy/local/kafka/pom.xml" dependency:copy-dependencies \
+      -DincludeScope=runtime -DoutputDirectory="$LIBS" >> "$LOGS/kafka-jars.log" 2>&1 \
+    || { tail -n 20 "$LOGS/kafka-jars.log" >&2; die "Maven could not fetch Kafka: $LOGS/kafka-jars.log"; }
   ls "$LIBS"/kafka_2.13-4.*.jar >/dev/null 2>&1 || die "no kafka_2.13 4.x jar in $LIBS"
   touch "$LIBS/.complete"
 }
@@ -43,7 +45,8 @@ configure() {
     log "formatting KRaft storage (cluster $cluster_id)"
     java -cp "$LIBS/*" -Dlog4j2.configurationFile="$ROOT/deploy/local/kafka/log4j2.xml" \
       -Dkafka.logs.dir="$KDIR/logs" \
-      kafka.tools.StorageTool format --standalone -t "$cluster_id" -c "$PROPS" >&2
+      kafka.tools.StorageTool format --standalone -t "$cluster_id" -c "$PROPS" >> "$KDIR/logs/format.log" 2>&1 \
+      || { cat "$KDIR/logs/format.log" >&2; die "could not format the KRaft storage"; }
   fi
 }
 

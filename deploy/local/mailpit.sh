@@ -3,6 +3,8 @@
 # against (libs/agentledger-email). Built from its Go module; tests start their own instance
 # on free ports (tests/mailpit.py), the demo its own.
 #   mailpit.sh install   build it into .local/bin once (idempotent)
+#   mailpit.sh installed succeed when this version is built
+#   mailpit.sh version   print the version it builds
 #   mailpit.sh path      print the binary's path
 #   mailpit.sh go        print the Go it builds with (fetching one if needed)
 # Mailpit needs Go >= 1.26; deploy/local/gotools.sh finds (or fetches) one and builds it.
@@ -16,6 +18,12 @@ case "${1:-}" in
   install)
     bash "$GOTOOLS" install mailpit github.com/axllent/mailpit "$VERSION"
     ;;
+  installed)
+    [ -x "$BIN" ] && [ "$(cat "$BIN.version" 2>/dev/null)" = "$VERSION" ]
+    ;;
+  version)
+    echo "$VERSION"
+    ;;
   path)
     echo "$BIN"
     ;;
@@ -23,6 +31,6 @@ case "${1:-}" in
     bash "$GOTOOLS" go
     ;;
   *)
-    die "usage: mailpit.sh install|path|go"
+    die "usage: mailpit.sh install|installed|version|path|go"
     ;;
 esac

@@ -17,15 +17,19 @@ if [ -z "$PG_BIN" ]; then
   for v in 15 16 17; do [ -x "/usr/lib/postgresql/$v/bin/postgres" ] && { PG_BIN="/usr/lib/postgresql/$v/bin"; break; }; done
 fi
 
+# runuser lives in sbin, which a shell's PATH may leave out (env -i, cron, some sudo setups):
+# without it the cluster would be looked for in the wrong place.
+RUNUSER="$(command -v runuser || echo /usr/sbin/runuser)"
+
 # initdb/pg_ctl refuse to run as root: as root we run them as the `postgres` system user,
 # from / because they fail on a working directory they cannot enter.
 as_pg() {
-  if [ "$(id -u)" = 0 ]; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi
+  if [ "$(id -u)" = 0 ]; then (cd / && "$RUNUSER" -u postgres -- "$@"); else "$@"; fi
 }
 
 # Whether the server user can reach $LOCAL. As an ordinary user the server runs as you.
 reachable() {
-  [ "$(id -u)" != 0 ] || runuser -u postgres -- test -x "$LOCAL" 2>/dev/null
+  [ "$(id -u)" != 0 ] || "$RUNUSER" -u postgres -- test -x "$LOCAL" 2>/dev/null
 }
 
 # The external directory for this $LOCAL: one per checkout path, stable across runs.
@@ -85,8 +89,10 @@ init() {
   local pwfile="$PGDIR/.pw"
   (umask 077 && printf '%s\n' "$PG_PASSWORD" > "$pwfile")
   [ "$(id -u)" = 0 ] && chown postgres "$pwfile"
+  mkdir -p "$LOGS"
   as_pg "$PG_BIN/initdb" -D "$DATA" -U "$PG_USER" --pwfile="$pwfile" \
-      --auth=scram-sha-256 --encoding=UTF8 --locale=C.UTF-8 >&2
+      --auth=scram-sha-256 --encoding=UTF8 --locale=C.UTF-8 >> "$LOGS/postgres-init.log" 2>&1 \
+    || { tail -n 20 "$LOGS/postgres-init.log" >&2; die "initdb failed: $LOGS/postgres-init.log"; }
   rm -f "$pwfile"
   cat "$ROOT/deploy/local/postgres/postgresql.conf" >> "$DATA/postgresql.conf"
   cat >> "$DATA/postgresql.conf" <<CONF

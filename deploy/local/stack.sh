@@ -19,6 +19,11 @@ export AGENTLEDGER_DATABASE_URL=postgresql://$PG_USER:$PG_PASSWORD@127.0.0.1:$PG
 export AGENTLEDGER_KAFKA_BOOTSTRAP=$bootstrap
 # Replicas of every topic the services create: 1 on one broker, 3 on a cluster.
 export AGENTLEDGER_KAFKA_REPLICATION_FACTOR=$(( brokers < 3 ? brokers : 3 ))
+# The ports it runs on: deploy/local reads them back when a shell sets none.
+export AGENTLEDGER_PG_PORT=$PG_PORT
+export AGENTLEDGER_PG_STANDBY_PORT=$PG_STANDBY_PORT
+export AGENTLEDGER_KAFKA_PORT=$KAFKA_PORT
+export AGENTLEDGER_KAFKA_CONTROLLER_PORT=$KAFKA_CONTROLLER_PORT
 ENV
 }
 

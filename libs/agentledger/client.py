@@ -36,6 +36,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from agentledger import errors, identity
 from agentledger.contracts import admission, common, outcomes, topics
+from agentledger.kafka import logs
 
 # Transient answers worth repeating with the same key; anything else is the caller's to fix.
 RETRY_STATUSES: Final = frozenset({429, 502, 503, 504})
@@ -191,7 +192,8 @@ class GatewayClient:
         operation_id = operation_id_for(self.token, key)
         if self._producer is None:
             self._producer = Producer({"bootstrap.servers": self._bootstrap,
-                                       "enable.idempotence": True, "acks": "all"})
+                                       "enable.idempotence": True, "acks": "all",
+                                       "logger": logs.LIBRDKAFKA})
         producer = self._producer
         claims = jwt.decode(self.token, options={"verify_signature": False})
         where: list[tuple[int, int]] = []
@@ -271,7 +273,8 @@ class GatewayClient:
                since: datetime | None, until: str) -> Resolution:
         consumer = Consumer({"bootstrap.servers": self._bootstrap,
                              "group.id": f"gateway-client-{uuid.uuid4()}",
-                             "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+                             "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                             "logger": logs.LIBRDKAFKA})
         try:
             assigned = self._start_positions(consumer, since)
             consumer.assign(assigned)

@@ -36,11 +36,16 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="AGENTLEDGER_", extra="ignore")
 
+    # Unset, the local stack's: deploy/local starts it on AGENTLEDGER_PG_PORT and
+    # AGENTLEDGER_KAFKA_PORT (non-default ports, so a developer's own servers never collide).
     database_url: str = Field(
-        default="postgresql://agentledger:agentledger@127.0.0.1:55432/agentledger",
+        default_factory=lambda: "postgresql://agentledger:agentledger@127.0.0.1:"
+        f"{os.environ.get('AGENTLEDGER_PG_PORT') or 55432}/agentledger",
         description="PostgreSQL URL of the ledger (owner role: migrations, admin tools).",
     )
-    kafka_bootstrap: str = Field(default="127.0.0.1:19092", description="Kafka bootstrap servers.")
+    kafka_bootstrap: str = Field(
+        default_factory=lambda: f"127.0.0.1:{os.environ.get('AGENTLEDGER_KAFKA_PORT') or 19092}",
+        description="Kafka bootstrap servers.")
     kafka_replication_factor: KafkaReplicationFactor = 1
     migrations_dir: Path = Field(default=REPO_ROOT / "migrations")
     profile: str | None = Field(
@@ -104,3 +109,16 @@ def require_configuration(service: str, *, allowlist: bool = False, policies: bo
             f"agentledger {service}: {', '.join(missing)} not set; name the operator's "
             f"configuration (docs/connectors.md#3-the-configuration), or set "
             f"AGENTLEDGER_PROFILE={DEMO_PROFILE} to run the demo's")
+
+
+def local_dir() -> Path:
+    """Where a checkout keeps its local state: the stack's data and ``env``, built tools in
+    ``bin/``, the demo's home (``AGENTLEDGER_LOCAL_DIR``, default ``<checkout>/.local``; the
+    deploy/local scripts read the same variable)."""
+    return Path(os.environ.get("AGENTLEDGER_LOCAL_DIR") or REPO_ROOT / ".local")
+
+
+def demo_home() -> Path:
+    """The demo's home: its logs, pid files, keys, state and the ``env`` of its commands
+    (``AGENTLEDGER_DEMO_HOME``, default ``<local_dir>/demo``)."""
+    return Path(os.environ.get("AGENTLEDGER_DEMO_HOME") or local_dir() / "demo")

@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException
 
 from agentledger import errors, identity, services, web
 from agentledger.contracts import topics
+from agentledger.kafka import logs
 from agentledger.services.ingress import handlers, intake
 from agentledger.services.ingress.settings import IngressSettings
 
@@ -101,7 +102,7 @@ def create_app(settings: IngressSettings | None = None) -> FastAPI:
     app.add_exception_handler(errors.AgentLedgerError, _agentledger_error)
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(HTTPException, _http_error)
-    admin = AdminClient({"bootstrap.servers": cfg.kafka_bootstrap})
+    admin = AdminClient({"bootstrap.servers": cfg.kafka_bootstrap}, logger=logs.LIBRDKAFKA)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -391,10 +391,10 @@ def test_network_policies_draw_the_authority_boundary(docs: list[dict[str, Any]]
 
 # ----------------------------------------------------------------------------- kubeconform
 def _tool(name: str) -> str:
-    """A Go tool deploy/local/gotools.sh built (the bootstrap runs it): never skipped."""
+    """A Go tool deploy/local/gotools.sh built (`make test` runs it: bootstrap.sh test): never skipped."""
     built = LOCAL_BIN / name
     found = str(built) if built.is_file() else shutil.which(name)
-    assert found, f"{name} is missing: run bash deploy/local/gotools.sh deploy"
+    assert found, f"{name} is missing: make test installs it (bash deploy/local/bootstrap.sh test)"
     return found
 
 

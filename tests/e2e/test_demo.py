@@ -1,17 +1,23 @@
-"""``agentledger demo`` as a new user runs it: its narration must match the records.
+"""``agentledger demo`` as a new user runs it: its narration must match the records, and every
+command it prints must work when pasted into a fresh shell.
 
-The demo runs as a subprocess against the test stack, with its own database, topic
-namespace and home (so a demo a person left running is untouched); every assertion reads
-the ledger, the CRM's effect log or Mailpit's API, never only what the demo printed.
+The demo runs as ``make demo`` runs it (default database, namespace and home, the console's
+hints included) but in a checkout-local directory of its own (``AGENTLEDGER_LOCAL_DIR``) on
+free ports: it starts its own Kafka and PostgreSQL there, so the ``make down`` it prints can
+be run too without stopping the stack the other tests share. Every assertion reads the ledger,
+the CRM's effect log or Mailpit's API, never only what the demo printed.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
-import uuid
+import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,40 +25,65 @@ import httpx
 import psycopg2
 import pytest
 
-from agentledger import client
+from agentledger import client, settings
+from agentledger.testing import processes
 from demo import launch
 from demo import stack as demo_stack
 from demo.stories_adoption import message_id
-from tests.stack import Stack
 
-# Start-up is ~10 s and the scenarios ~10 s here; a loaded 2-core CI box may take several times that.
-DEMO_TIMEOUT_S = 240
+ROOT = settings.REPO_ROOT
+# The stack's first start is ~15 s, start-up ~10 s and the scenarios ~20 s here; a loaded
+# 2-core CI box may take several times that.
+DEMO_TIMEOUT_S = 300
+pytestmark = pytest.mark.timeout(DEMO_TIMEOUT_S + 300)
+
+
+@dataclass(frozen=True)
+class Played:
+    world: launch.World
+    out: str      # what the demo printed
+    local: Path   # its AGENTLEDGER_LOCAL_DIR
+    ports: dict[str, int]
+
+
+def _fresh_env(**extra: str) -> dict[str, str]:
+    """A new terminal's environment: no AGENTLEDGER_* variable, nothing of this test run."""
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "USER") if k in os.environ}
+    return {**env, "LANG": "C.UTF-8", "COLUMNS": "200", **extra}
 
 
 @pytest.fixture(scope="module")
-def demo(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[launch.World, str]]:
-    home = tmp_path_factory.mktemp("demo")
-    tag = uuid.uuid4().hex[:8]
-    database, namespace = f"al_demo_{tag}", f"demotest{tag}"
-    env = {**os.environ, "AGENTLEDGER_DATABASE_URL": stack.database_url,
-           "AGENTLEDGER_KAFKA_BOOTSTRAP": stack.kafka_bootstrap, "COLUMNS": "200"}
+def demo() -> Iterator[Played]:
+    local = Path(tempfile.mkdtemp(prefix="al-demo-"))
+    local.chmod(0o755)  # initdb and postgres run as the `postgres` user when we are root
+    # What `make bootstrap` built for the checkout: Kafka's jars, Mailpit.
+    (local / "kafka").mkdir()
+    (local / "kafka" / "libs").symlink_to(ROOT / ".local" / "kafka" / "libs")
+    (local / "bin").symlink_to(ROOT / ".local" / "bin")
+    ports = processes.free_ports({"pg": None, "standby": None, "kafka": None, "controller": None})
+    stack_env = {"AGENTLEDGER_LOCAL_DIR": str(local), "AGENTLEDGER_PG_PORT": str(ports["pg"]),
+                 "AGENTLEDGER_PG_STANDBY_PORT": str(ports["standby"]),
+                 "AGENTLEDGER_KAFKA_PORT": str(ports["kafka"]),
+                 "AGENTLEDGER_KAFKA_CONTROLLER_PORT": str(ports["controller"])}
+    home = local / "demo"
     try:
-        run = subprocess.run(
-            [sys.executable, "-m", "agentledger.cli", "demo", "--no-browser-hints",
-             "--database", database, "--namespace", namespace, "--home", str(home)],
-            env=env, capture_output=True, text=True, timeout=DEMO_TIMEOUT_S, check=False)
+        run = subprocess.run([sys.executable, "-m", "agentledger.cli", "demo"],
+                             env=_fresh_env(**stack_env), cwd=ROOT, capture_output=True,
+                             text=True, timeout=DEMO_TIMEOUT_S, check=False)
         logs = "\n".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-10:])
                          for p in sorted((home / "logs").glob("*.log")))
         assert run.returncode == 0, f"{run.stdout}\n{run.stderr}\n{logs}"
-        yield launch.World.load(home), run.stdout
+        # librdkafka's own lines go to the demo's log, never among the narration.
+        assert not re.search(r"%\d\|", run.stdout + run.stderr), run.stderr
+        yield Played(launch.World.load(home), run.stdout, local, ports)
     finally:
         started = demo_stack.running(home)
         demo_stack.stop_all(home)
         # Everything the demo started is stopped through its pid files, Mailpit included.
         assert [name for name, pid, _ in started if _alive(pid)] == []
-        _drop(stack.database_url, database)
-        _drop(stack.database_url, f"{database}_crm")
-        demo_stack.delete_topics(stack.kafka_bootstrap, f"{namespace}.")
+        subprocess.run(["bash", str(ROOT / "deploy" / "local" / "stack.sh"), "down"],
+                       env=_fresh_env(**stack_env), capture_output=True, timeout=120, check=False)
+        shutil.rmtree(local, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:
@@ -60,18 +91,6 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
-
-
-def _drop(owner_url: str, name: str) -> None:
-    conn = psycopg2.connect(owner_url)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
-                        " WHERE database = %s AND NOT active", (name,))
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        conn.close()
 
 
 def rows(world: launch.World, query: str, *args: Any) -> list[tuple[Any, ...]]:
@@ -102,8 +121,8 @@ def attempts(world: launch.World, op: str) -> list[tuple[str, str]]:
                                     " WHERE operation_id = %s ORDER BY started_at", op)]
 
 
-def test_note_with_a_lost_answer_is_one_effect_and_succeeded(demo: tuple[launch.World, str]) -> None:
-    world, out = demo
+def test_note_with_a_lost_answer_is_one_effect_and_succeeded(demo: Played) -> None:
+    world, out = demo.world, demo.out
     op = world.operations["note"]
     state, receipt = command(world, op)
     assert state == "succeeded" and receipt and receipt.startswith("crm:note:")
@@ -113,8 +132,8 @@ def test_note_with_a_lost_answer_is_one_effect_and_succeeded(demo: tuple[launch.
     assert f"1 note.created under idempotency key {op}" in out
 
 
-def test_refund_approved_through_the_console_succeeded(demo: tuple[launch.World, str]) -> None:
-    world, out = demo
+def test_refund_approved_through_the_console_succeeded(demo: Played) -> None:
+    world, out = demo.world, demo.out
     op = world.operations["approved_refund"]
     state, receipt = command(world, op)
     assert state == "succeeded" and receipt and receipt.startswith("crm:refund:")
@@ -123,8 +142,8 @@ def test_refund_approved_through_the_console_succeeded(demo: tuple[launch.World,
     assert "user:bob approves: approved" in out
 
 
-def test_lost_refund_went_unknown_then_was_resolved_by_an_operator(demo: tuple[launch.World, str]) -> None:
-    world, out = demo
+def test_lost_refund_went_unknown_then_was_resolved_by_an_operator(demo: Played) -> None:
+    world, out = demo.world, demo.out
     op = world.operations["lost_refund"]
     assert attempts(world, op) == [("dispatch", "unknown")]  # never resent: contract none
     state, receipt = command(world, op)
@@ -140,15 +159,15 @@ def test_lost_refund_went_unknown_then_was_resolved_by_an_operator(demo: tuple[l
     assert len(effects(world, world.acme, "refund.created")) == 2
     assert "ledger: unknown" in out and "resolved by user:oscar" in out
     assert "unchecked" in out.split("3 · A refund")[1]
-    # The operator's steps, narrated from the library's own answers (not the CLI's commands).
+    # The operator's steps are the commands he typed, printed and run as typed.
     told = out.split("3 · A refund")[1]
     assert f"{op}  billing.refund.create  connector=billing" in told
     assert f"resolved {op} as succeeded by user:oscar" in told
     assert f"operation {op}" in out.split("What is known, per operation")[1]
 
 
-def test_injection_attempts_were_refused_with_zero_effects(demo: tuple[launch.World, str]) -> None:
-    world, out = demo
+def test_injection_attempts_were_refused_with_zero_effects(demo: Played) -> None:
+    world, out = demo.world, demo.out
     ops = [world.operations[k] for k in ("injection_export", "injection_cross_tenant", "injection_gateway")]
     for table in ("agent_command", "approval_request", "policy_decision"):
         assert rows(world, f"SELECT count(*) FROM {table} WHERE operation_id = ANY(%s::uuid[])",
@@ -161,8 +180,8 @@ def test_injection_attempts_were_refused_with_zero_effects(demo: tuple[launch.Wo
     assert "rejected plan_target_not_requested" in out and "rejected unknown_action" in out
 
 
-def test_budget_refusals_are_recorded_and_nothing_more_is_admitted(demo: tuple[launch.World, str]) -> None:
-    world, out = demo
+def test_budget_refusals_are_recorded_and_nothing_more_is_admitted(demo: Played) -> None:
+    world, out = demo.world, demo.out
     budget = world.operations["budget"]
     ops = budget["operations"]
     assert rows(world, "SELECT limit_amount, reserved, used FROM budget WHERE workflow_id = %s"
@@ -190,8 +209,8 @@ def audit_types(world: launch.World, op: str) -> list[str]:
     return [t for (t,) in rows(world, "SELECT type FROM audit_event WHERE operation_id = %s ORDER BY seq", op)]
 
 
-def test_an_email_from_the_outside_connector_is_sent_once_under_its_operation_id(demo: tuple[launch.World, str]) -> None:
-    world, out = demo
+def test_an_email_from_the_outside_connector_is_sent_once_under_its_operation_id(demo: Played) -> None:
+    world, out = demo.world, demo.out
     op = world.operations["email"]
     assert command(world, op) == ("succeeded", f"email:{message_id(op)}")
     assert attempts(world, op) == [("dispatch", "succeeded")]
@@ -205,8 +224,8 @@ def test_an_email_from_the_outside_connector_is_sent_once_under_its_operation_id
     assert f"Mailpit holds 1 message with Message-ID <{message_id(op)}>" in out
 
 
-def test_an_email_whose_answer_was_lost_ends_succeeded_through_the_lookup(demo: tuple[launch.World, str]) -> None:
-    world, out = demo
+def test_an_email_whose_answer_was_lost_ends_succeeded_through_the_lookup(demo: Played) -> None:
+    world, out = demo.world, demo.out
     op = world.operations["email_lost"]
     # The proxy lost the answer after Mailpit had accepted the message (read from the proxy).
     assert httpx.get(f"{world.smtp_fault_url}/healthz", timeout=10).json() == {"armed": False, "dropped": 1}
@@ -221,8 +240,8 @@ def test_an_email_whose_answer_was_lost_ends_succeeded_through_the_lookup(demo: 
     assert f"Mailpit holds exactly 1 message with Message-ID <{message_id(op)}>" in out
 
 
-def test_an_mcp_client_retrying_one_call_is_one_operation_and_one_note(demo: tuple[launch.World, str]) -> None:
-    world, out = demo
+def test_an_mcp_client_retrying_one_call_is_one_operation_and_one_note(demo: Played) -> None:
+    world, out = demo.world, demo.out
     mcp = world.operations["mcp"]
     op = mcp["operation"]
     # The id ingress derives from alice's verified token and the key the client sent in _meta.
@@ -238,8 +257,8 @@ def test_an_mcp_client_retrying_one_call_is_one_operation_and_one_note(demo: tup
     assert f"operation {op} took effect; receipt {receipt}" in out
 
 
-def test_a_declared_rest_api_passes_the_conformance_kit_and_writes_once(demo: tuple[launch.World, str]) -> None:
-    world, out = demo
+def test_a_declared_rest_api_passes_the_conformance_kit_and_writes_once(demo: Played) -> None:
+    world, out = demo.world, demo.out
     # The kit ran against the real CRM through the declaration: every declared claim held.
     assert world.operations["conformance"] == {
         "applies": True, "dedupes": True, "lookup_finds": True, "lookup_not_found": True,
@@ -252,3 +271,57 @@ def test_a_declared_rest_api_passes_the_conformance_kit_and_writes_once(demo: tu
     notes = [e for e in effects(world, world.acme, "note.created") if e["idempotency_key"] == op]
     assert len(notes) == 1
     assert "8 · A REST API declared, not coded" in out
+
+
+# ------------------------------------------------- every command it printed, pasted (last)
+
+
+def _printed(out: str) -> list[str]:
+    """The command lines the demo printed for a person: each alone, after ``$ ``."""
+    return re.findall(r"^\s*\$ (.+?)\s*$", out, re.MULTILINE)
+
+
+def _expected(line: str, world: launch.World, played: Played) -> list[str]:
+    """What the pasted ``line`` must print, read from the records where they decide it."""
+    if found := re.search(r"agentledger explain (\S+) --tenant (\S+)$", line):
+        op = found[1]
+        state, _ = command(world, op)
+        assert found[2] == str(world.tenant)
+        return [f"operation {op}", f"state={state}"]
+    if re.search(r"agentledger reconcile list --tenant \S+$", line):
+        return ["no unknown commands"]  # the one there was, the demo's operator resolved
+    if found := re.search(r"agentledger reconcile resolve (\S+) --outcome succeeded", line):
+        return [f"already resolved: {found[1]} is succeeded", "resolved by user:oscar",
+                "nothing changed"]
+    if re.fullmatch(r"cat \S+/tokens/bob", line):
+        return [world.tokens["user:bob"]]
+    if line.endswith("agentledger approvals list"):
+        return [f"pending approvals · tenant {world.tenant}", "billing.refund.create"]
+    if line.endswith("make status"):
+        return [f"postgres: up 127.0.0.1:{played.ports['pg']}", "kafka: up", "demo ingress"]
+    if line.endswith("make down"):
+        return ["stopped the demo's services"]
+    raise AssertionError(f"the demo printed a command this test does not know: {line!r}")
+
+
+def test_every_command_the_demo_prints_works_pasted_in_a_fresh_shell(demo: Played) -> None:
+    """Last in this module: the last command the demo prints is `make down`."""
+    world = demo.world
+    lines = _printed(demo.out)
+    assert len([x for x in lines if " explain " in x]) == 5, lines  # the five operations admitted
+    assert sum(" reconcile " in x for x in lines) == 2 and lines[-1].endswith("make down"), lines
+    # A checkout-local directory of its own is the one thing the commands need set in front.
+    prefix = f"AGENTLEDGER_LOCAL_DIR={demo.local} "
+    assert all(x.startswith((prefix, f"AGENTLEDGER_TOKEN=$(cat {demo.local}/demo/tokens/",
+                             f"cat {demo.local}/demo/tokens/")) for x in lines), lines
+    for line in lines:
+        done = subprocess.run(["bash", "-c", line], cwd=ROOT, env=_fresh_env(),
+                              capture_output=True, text=True, timeout=120, check=False)
+        said = done.stdout + done.stderr
+        assert done.returncode == 0, f"{line}\n{said}"
+        assert "Traceback" not in said and "%3|" not in said, f"{line}\n{said}"
+        for expected in _expected(line, world, demo):
+            assert expected in said, f"{line}\n{said}"
+    # `make down` stopped the demo's services and the stack it ran on.
+    assert [name for name, pid, _ in demo_stack.running(demo.local / "demo") if _alive(pid)] == []
+    assert not demo_stack.postgres_answers(world.database_url)

@@ -19,7 +19,10 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-app = typer.Typer(no_args_is_help=True, help="Review and decide pending approval requests.")
+from agentledger.cli import group
+
+app = typer.Typer(cls=group.Group, no_args_is_help=True,
+                  help="Review and decide pending approval requests.")
 console = Console()
 
 # The console reads the current record from the CRM while answering; a few seconds cover it.

@@ -15,9 +15,11 @@ from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 
 from agentledger import errors, settings
+from agentledger.cli import group
 from agentledger.connectors import conformance, plugins
 
-app = typer.Typer(no_args_is_help=True, help="Connectors: check one against its endpoint.")
+app = typer.Typer(cls=group.Group, no_args_is_help=True,
+                  help="Connectors: check one against its endpoint.")
 console = Console()
 _OBJECT = TypeAdapter(dict[str, Any])
 

@@ -17,16 +17,17 @@ from typing import Annotated, TypeVar
 import asyncpg
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from agentledger import errors, identity, operators, settings
+from agentledger import identity, operators, settings
 from agentledger.cli import approvals as cli_approvals
+from agentledger.cli import group
 from agentledger.ledger import repository as ledger
 from agentledger.policy import principals
 
-app = typer.Typer(no_args_is_help=True, help="Show and change the principal directory.")
+app = typer.Typer(cls=group.Group, no_args_is_help=True,
+                  help="Show and change the principal directory.")
 console = Console()
 T = TypeVar("T")
 
@@ -47,11 +48,7 @@ def _as_operator(token: str, act: Callable[[ledger.Conn, identity.Session], Awai
         finally:
             await conn.close()
 
-    try:
-        return asyncio.run(run())
-    except errors.AgentLedgerError as exc:
-        console.print(f"[red]{exc.code}[/red]: {escape(exc.message)}", highlight=False)
-        raise typer.Exit(2) from exc
+    return asyncio.run(run())  # a refusal: one line, from agentledger.cli.group
 
 
 def _print(entries: list[principals.Entry]) -> None:

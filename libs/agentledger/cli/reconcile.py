@@ -13,11 +13,13 @@ from rich.console import Console
 from rich.markup import escape
 
 from agentledger import db, errors, operators, settings
-from agentledger.cli import approvals
+from agentledger.audit import explain as audit_explain
+from agentledger.cli import approvals, group
 from agentledger.executor import resolution
 from agentledger.ledger import resolutions
 
-app = typer.Typer(no_args_is_help=True, help="Resolve commands whose outcome is unknown.")
+app = typer.Typer(cls=group.Group, no_args_is_help=True,
+                  help="Resolve commands whose outcome is unknown.")
 console = Console()
 
 
@@ -49,6 +51,26 @@ def list_unknown(tenant: Annotated[uuid.UUID, typer.Option(help="Tenant id")]) -
                       f"target={r['resource_id']}  principal={r['principal_id']}  "
                       f"since={r['updated_at']:%Y-%m-%dT%H:%M:%SZ}  why={r['outcome_reason']}",
                       soft_wrap=True, highlight=False)
+
+
+async def _already(token: str, tenant: uuid.UUID | None, operation_id: uuid.UUID, outcome: str,
+                   receipt: str | None, cfg: operators.OperatorSettings) -> bool:
+    """Whether the ledger already records this resolution (same outcome, same receipt): then
+    the command says so and succeeds, as a replayed request does (R3.3); else it refuses."""
+    session = operators.verify(token, cfg, tenant_id=tenant)
+    conn = await _as_role("agentledger_auditor")
+    try:
+        found = await audit_explain.explain(conn, session.tenant_id, operation_id)
+    finally:
+        await conn.close()
+    done = [r for r in found.known.reconciliations if r.outcome == outcome]
+    if not done or found.known.state != outcome or (
+            outcome == "succeeded" and found.known.receipt != receipt):
+        return False
+    console.print(f"already resolved: {operation_id} is {outcome} (receipt "
+                  f"{escape(str(found.known.receipt))}), resolved by {escape(done[-1].resolved_by)}"
+                  f" at {done[-1].resolved_at}; nothing changed", highlight=False)
+    return True
 
 
 @app.command("resolve")
@@ -99,9 +121,11 @@ def resolve(
 
     try:
         done = asyncio.run(run())
-    except errors.AgentLedgerError as exc:
-        console.print(f"[red]{exc.code}[/red]: {escape(exc.message)}", highlight=False)
-        raise typer.Exit(2) from exc
+    except errors.InvalidTransition:
+        # Typed again (a lost terminal, a pasted line): what it asks for may already be so.
+        if not asyncio.run(_already(token, tenant, operation_id, outcome, receipt, cfg)):
+            raise
+        return
     console.print(f"resolved {operation_id} as {outcome} by {done.resolved_by}, "
                   f"{done.check.check}: {escape(done.check.detail)} "
                   f"(resolution {done.resolution_id})", highlight=False)

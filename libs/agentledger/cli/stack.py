@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Annotated
+from urllib.parse import urlsplit
 
 import typer
 from rich.console import Console
@@ -32,7 +33,9 @@ def migrate() -> None:
         console.print(f"applied [bold]{m.path.name}[/bold]")
     versions = asyncio.run(migrations.applied_versions(cfg.database_url))
     current = versions[-1][0] if versions else 0
-    console.print(f"schema at version {current} ({len(done)} applied now)")
+    where = urlsplit(cfg.database_url)
+    console.print(f"schema at version {current} ({len(done)} applied now) in "
+                  f"{where.hostname}:{where.port}{where.path}", highlight=False)
 
 
 def _stack(verb: str) -> None:
@@ -65,7 +68,7 @@ def up() -> None:
 def down() -> None:
     """Stop the demo's services (if any), then the local Kafka and PostgreSQL."""
     demo_stack = _demo_module("stack")
-    stopped = demo_stack.stop_all() if demo_stack else []
+    stopped = demo_stack.stop_all(settings.demo_home()) if demo_stack else []
     if stopped:
         console.print(f"stopped the demo's services: {', '.join(stopped)}")
     _stack("down")
@@ -74,7 +77,7 @@ def down() -> None:
 def status() -> None:
     """Show the demo's services, and whether the local Kafka and PostgreSQL answer."""
     demo_stack = _demo_module("stack")
-    for name, pid, alive in demo_stack.running() if demo_stack else []:
+    for name, pid, alive in demo_stack.running(settings.demo_home()) if demo_stack else []:
         console.print(f"demo {name:<17} pid {pid:<8} {'running' if alive else '[red]gone[/red]'}")
     _stack("status")
 
@@ -88,9 +91,10 @@ def demo(
     ] = "agentledger_demo",
     namespace: Annotated[str, typer.Option(
         envvar="AGENTLEDGER_DEMO_NAMESPACE", help="Topic prefix of the demo")] = "demo",
-    home: Annotated[Path, typer.Option(
-        envvar="AGENTLEDGER_DEMO_HOME", help="Logs, pid files, keys and state")
-    ] = settings.REPO_ROOT / ".local" / "demo",
+    home: Annotated[Path | None, typer.Option(
+        envvar="AGENTLEDGER_DEMO_HOME", show_default=False,
+        help="Logs, pid files, keys, state and the env of its commands [default: .local/demo]")
+    ] = None,
 ) -> None:
     """Start every service as a real process and play eight narrated scenarios."""
     run = _demo_module("run")
@@ -98,8 +102,8 @@ def demo(
         console.print("[red]the demo is not here[/red]: it lives in the repository's demo/ "
                       "package; run this from a checkout of agentledger (`make demo`)")
         raise typer.Exit(_NO_CHECKOUT)
-    run.main(browser_hints=browser_hints, database=database, namespace=namespace, home=home,
-             console=console)
+    run.main(browser_hints=browser_hints, database=database, namespace=namespace,
+             home=home or settings.demo_home(), console=console)
 
 
 def bench() -> None:

@@ -39,7 +39,7 @@ import pydantic
 
 from agentledger import errors, faults
 from agentledger.contracts import dlq, topics
-from agentledger.kafka import handling
+from agentledger.kafka import handling, logs
 
 log = logging.getLogger(__name__)
 
@@ -348,6 +348,7 @@ def consumer_config(bootstrap: str, *, group_id: str, group_instance_id: str | N
         "bootstrap.servers": bootstrap, "group.id": group_id, "client.id": client_id,
         "auto.offset.reset": "earliest", "enable.auto.commit": False,
         "enable.auto.offset.store": False, "session.timeout.ms": session_timeout_ms,
+        "logger": logs.LIBRDKAFKA,
     }
     if group_instance_id:
         config["group.instance.id"] = group_instance_id
@@ -357,4 +358,4 @@ def consumer_config(bootstrap: str, *, group_id: str, group_instance_id: str | N
 def producer_config(bootstrap: str, *, client_id: str) -> dict[str, Any]:
     """Answers are durable before offsets move: acks from every in-sync replica, idempotent."""
     return {"bootstrap.servers": bootstrap, "client.id": client_id, "acks": "all",
-            "enable.idempotence": True, "linger.ms": 2}
+            "enable.idempotence": True, "linger.ms": 2, "logger": logs.LIBRDKAFKA}

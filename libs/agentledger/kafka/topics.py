@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from agentledger.kafka import logs
+
 
 def min_insync_replicas(replication: int) -> int | None:
     """The ``min.insync.replicas`` a created topic carries, or None for the broker's default.
@@ -40,7 +42,7 @@ def ensure(
         replication: replicas per topic (the service's ``kafka_replication_factor``).
         timeout: seconds to wait for the listing and each creation.
     """
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap}, logger=logs.LIBRDKAFKA)
     existing = set(admin.list_topics(timeout=timeout).topics)
     wanted = [new_topic(name, n, replication)
               for name, n in partitions.items() if name not in existing]

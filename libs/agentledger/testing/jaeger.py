@@ -1,7 +1,7 @@
 """A real Jaeger (v2: in-memory storage, OTLP in, query API and UI out) on free ports, for
 the tests and the demo to send the services' spans to and read them back.
 
-The binary and its UI are installed by ``deploy/local/jaeger.sh install`` (bootstrap runs it);
+The binary and its UI are installed by ``deploy/local/jaeger.sh install`` (``make test`` runs it);
 the configuration is ``deploy/local/jaeger.yaml``, its ports given through the environment.
 """
 
@@ -25,6 +25,7 @@ from agentledger.testing.processes import free_ports, terminate
 
 CONFIG = settings.REPO_ROOT / "deploy" / "local" / "jaeger.yaml"
 START_TIMEOUT_S = 60.0
+INSTALL = "make test installs it (bash deploy/local/bootstrap.sh test)"
 
 
 def _local() -> Path:
@@ -34,7 +35,7 @@ def _local() -> Path:
 def binary() -> Path:
     """Built by ``deploy/local/jaeger.sh install``."""
     found = Path(os.environ.get("AGENTLEDGER_JAEGER_BIN") or _local() / "bin" / "jaeger")
-    assert found.is_file(), f"{found} is missing: run bash deploy/local/jaeger.sh install"
+    assert found.is_file(), f"{found} is missing: {INSTALL}"
     return found
 
 
@@ -42,7 +43,7 @@ def ui_assets() -> Path:
     """The UI's files, unpacked by ``deploy/local/jaeger.sh install``."""
     found = Path(os.environ.get("AGENTLEDGER_JAEGER_UI_ASSETS") or _local() / "jaeger-ui")
     assert (found / "index.html").is_file(), (
-        f"{found}/index.html is missing: run bash deploy/local/jaeger.sh install")
+        f"{found}/index.html is missing: {INSTALL}")
     return found
 
 

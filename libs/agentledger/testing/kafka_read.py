@@ -8,12 +8,14 @@ from collections.abc import Mapping, Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
+from agentledger.kafka import logs
 from agentledger.testing.polling import wait_until
 
 
 def lag(bootstrap: str, group: str, topic: str) -> int:
     """How many records of ``topic`` the group has not committed past."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                  "logger": logs.LIBRDKAFKA})
     try:
         meta = c.list_topics(topic, timeout=10).topics[topic]
         total = 0
@@ -31,7 +33,7 @@ def read_to_end(bootstrap: str, topics: Sequence[str], *, timeout: float = 120,
     start (or its offset in ``since``) to the end offset it had when the call began; fails
     on any consumer error."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4().hex}",
-                  "enable.auto.commit": False})
+                  "enable.auto.commit": False, "logger": logs.LIBRDKAFKA})
     found: list[Message] = []
     try:
         ends: dict[tuple[str, int], int] = {}

@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
 from agentledger import db, identity, logins
+from agentledger.kafka import logs
 from agentledger.testing import identities, processes
 from agentledger.testing import ledger as testing_ledger
 from agentledger.testing.crm import Crm, run_crm
@@ -86,7 +87,7 @@ class Pipeline:
 
     def producer(self) -> Producer:
         return Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True,
-                         "acks": "all"})
+                         "acks": "all", "logger": logs.LIBRDKAFKA})
 
     def propose(self, action: str, arguments: dict[str, Any], *,
                 operation_id: uuid.UUID | None = None,
@@ -173,7 +174,8 @@ class Pipeline:
         """Records of ``topic`` (namespaced) whose JSON value satisfies ``predicate``."""
         consumer = Consumer({"bootstrap.servers": self.bootstrap,
                              "group.id": f"read-{uuid.uuid4().hex}",
-                             "auto.offset.reset": "earliest", "enable.auto.commit": False})
+                             "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                             "logger": logs.LIBRDKAFKA})
         consumer.subscribe([self.topic(topic)])
         found: list[dict[str, Any]] = []
 
@@ -233,7 +235,8 @@ def _delete_topics(bootstrap: str, ns: str) -> None:
     # A client made at teardown, never one that lived through a broker restart: librdkafka
     # can hang for ever destroying such a handle (seen in CI: rd_kafka_destroy joining a
     # broker thread after the chaos tier's broker restart, the run stuck until its deadline).
-    testing_ledger.delete_namespace_topics(AdminClient({"bootstrap.servers": bootstrap}), ns)
+    testing_ledger.delete_namespace_topics(
+        AdminClient({"bootstrap.servers": bootstrap}, logger=logs.LIBRDKAFKA), ns)
 
 
 def _front_door(prefix: str, port: int, sessions: SessionIssuer) -> dict[str, str]:

@@ -27,6 +27,7 @@ import psycopg2  # type: ignore[import-untyped]
 from confluent_kafka.admin import AdminClient
 
 from agentledger import settings
+from agentledger.kafka import logs
 from agentledger.testing.polling import wait_until
 
 # A service imports FastStream/FastAPI, opens a pool and joins a consumer group: ~5-15 s on
@@ -293,7 +294,7 @@ def http_ok(url: str) -> Callable[[], bool]:
 
 def group_has_members(bootstrap: str, group_id: str) -> Callable[[], bool]:
     """Ready when the consumer group is stable with a member (it holds partitions)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap}, logger=logs.LIBRDKAFKA)
 
     def probe() -> bool:
         try:
