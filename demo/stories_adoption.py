@@ -215,7 +215,10 @@ async def declared_api(s: Story) -> None:
             lookup_token=w.acme["crm_tokens"]["lookup"],
             sample=conformance.Sample(HTTP_ACTION, "c-1001", {"customer_id": "c-1001",
                                                               "body": "conformance check"}),
-            stale_revision="999"))
+            stale_revision="999",
+            # The same declaration against the kit's hostile stand-ins (the `answers` claim).
+            retarget=lambda t: plugins.make("crmhttp", plugins.retargeted(
+                declared, http_url=t.http_url, smtp_host=t.smtp_host, smtp_port=t.smtp_port))))
     finally:
         await made.aclose()
     w.operations["conformance"] = {f.claim: f.holds for f in found}

@@ -262,7 +262,7 @@ def test_a_declared_rest_api_passes_the_conformance_kit_and_writes_once(demo: Pl
     # The kit ran against the real CRM through the declaration: every declared claim held.
     assert world.operations["conformance"] == {
         "applies": True, "dedupes": True, "lookup_finds": True, "lookup_not_found": True,
-        "if_match": True, "fencing": True}
+        "if_match": True, "fencing": True, "lookup_ignores_lookalike": True, "answers": True}
     op = world.operations["declared"]
     state, receipt = command(world, op)
     assert state == "succeeded" and receipt and receipt.startswith("crm:note:")
