@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from dataclasses import replace as dataclasses_replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -402,3 +403,44 @@ async def test_a_take_over_at_the_cap_holds_the_command_for_an_operator(
     assert [s for s, _ in finalized] == ["unknown"]
     assert str(finalized[0][1]).startswith("retry cap: 10 dispatch generations")
     assert capped() == {_labels(connector="crm"): 1}
+
+
+async def test_a_finalize_that_fails_on_the_database_is_tried_again_while_the_claim_is_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 41 §6: a database blip under the finalize left the command to its lease and the
+    # reconciler (~76 s for a 5 s restart); the worker that holds the claim finishes it.
+    held = _claim("pending")
+    calls: list[str] = []
+
+    async def finalize(_conn: Any, _held: Any, state: str, **_k: Any) -> None:
+        calls.append(state)
+        if len(calls) < 3:
+            raise errors.StorageError("connection refused: the database is restarting")
+
+    monkeypatch.setattr(dispatch, "finalize", finalize)
+    monkeypatch.setattr(dispatcher, "RETRY_FIRST_S", 0.01)
+    worker = dispatcher.Dispatcher(
+        pool=_Pool(), connectors={}, credentials=None, cipher=None,  # type: ignore[arg-type]
+        authorizer=None, allowlist=None, worker_id="w1")  # type: ignore[arg-type]
+    assert await worker.record(held, base.Applied("crm:note:1"), connector="crm") == "succeeded"
+    assert calls == ["succeeded"] * 3
+
+
+async def test_a_write_is_never_retried_past_the_claims_lease(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    held = dataclasses_replace(_claim("pending"), lease_until=datetime.now(UTC))
+    calls: list[str] = []
+
+    async def finalize(_conn: Any, _held: Any, state: str, **_k: Any) -> None:
+        calls.append(state)
+        raise errors.StorageError("still down")
+
+    monkeypatch.setattr(dispatch, "finalize", finalize)
+    worker = dispatcher.Dispatcher(
+        pool=_Pool(), connectors={}, credentials=None, cipher=None,  # type: ignore[arg-type]
+        authorizer=None, allowlist=None, worker_id="w1")  # type: ignore[arg-type]
+    with pytest.raises(errors.StorageError):
+        await worker.record(held, base.Applied("crm:note:1"), connector="crm")
+    assert calls == ["succeeded"]  # the lease has no time left: the reconciler's now

@@ -13,10 +13,10 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import Literal, TypeVar
 from uuid import UUID
 
 import asyncpg
@@ -36,6 +36,7 @@ from agentledger.telemetry import spans
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("agentledger.executor")
+T = TypeVar("T")
 
 # The lease covers the checks before the first call; each call then renews it to cover that
 # call (``dispatch.mark_sending``). 60 s leaves room for a slow database and policy check
@@ -49,6 +50,12 @@ NOT_SENT_RETRIES = 3
 # about half a minute (backoff 0.5 s doubling), and then it is logged as lost, never dropped
 # silently.
 LATE_RECORD_TRIES = 6
+# A write of a claim we hold (the pre-call mark, the outcome) that fails on the database (a
+# restart, a failover, a blip) is tried again while the claim is ours (issue 41 §6): the
+# command finishes seconds after the database is back instead of waiting for its lease and
+# the reconciler. First retry after 0.2 s, doubling to at most 2 s; never past the claim's
+# lease less this margin — past it the lease, not this process, decides (R5.5).
+RETRY_FIRST_S, RETRY_MAX_S, RETRY_MARGIN_S = 0.2, 2.0, 1.0
 
 Disposition = Literal["claimed", "terminal", "held", "missing", "foreign"]
 # Bounded names of what a call returned (span attribute and metric label).
@@ -430,8 +437,9 @@ class Dispatcher:
         # Immediately before the call, on the ledger and not from memory: a worker that
         # stalled past its lease (a GC pause, a frozen VM) must not act on a claim that was
         # taken from it; and an unmarked claim is known never to have sent (issue 17).
-        await self._group.run(held.tenant_id, lambda conn: dispatch.mark_sending(
-            conn, held, call_s=bound, decision=decision))
+        await self._while_held(held, "mark", lambda: self._group.run(
+            held.tenant_id, lambda conn: dispatch.mark_sending(
+                conn, held, call_s=bound, decision=decision)))
         # The call's deadline, sent with it: a provider that honours it refuses the request
         # if it arrives after this call's own timer has given up on it (issue 37 §2).
         call = replace(call, deadline=datetime.now(UTC) + timedelta(seconds=bound))
@@ -473,9 +481,10 @@ class Dispatcher:
         state: str
         if final is not None:
             final_state, receipt, reason = final
-            await self._group.run(held.tenant_id, lambda conn: dispatch.finalize(
-                conn, held, final_state, receipt=receipt, reason=reason,
-                traceparent=traceparent))
+            await self._while_held(held, "finalize", lambda: self._group.run(
+                held.tenant_id, lambda conn: dispatch.finalize(
+                    conn, held, final_state, receipt=receipt, reason=reason,
+                    traceparent=traceparent)))
             state = final_state
         else:
             assert isinstance(result, base.NotSent)
@@ -497,6 +506,31 @@ class Dispatcher:
         log.info("event=dispatched operation_id=%s state=%s generation=%s",
                  held.operation_id, state, held.generation)
         return state
+
+    async def _while_held(self, held: dispatch.Claim, what: str,
+                          write: Callable[[], Awaitable[T]]) -> T:
+        """``write`` (a write conditional on ``held``), tried again after a retryable
+        database failure while the claim's lease has time left (``RETRY_*``).
+
+        Raises:
+            StaleClaim: the claim was taken over (never retried).
+            StorageError: still failing at the lease's end, or not retryable.
+        """
+        deadline = held.lease_until - timedelta(seconds=RETRY_MARGIN_S)
+        pause = RETRY_FIRST_S
+        while True:
+            try:
+                return await write()
+            except errors.StaleClaim:
+                raise
+            except errors.StorageError as exc:
+                left = (deadline - datetime.now(UTC)).total_seconds()
+                if not exc.retryable or left <= pause:
+                    raise
+                log.warning("event=write_retried what=%s operation_id=%s error=%s in_s=%.1f",
+                            what, held.operation_id, exc.code, pause)
+                await asyncio.sleep(pause)  # backoff across an outage, bounded by the lease
+                pause = min(pause * 2, RETRY_MAX_S)
 
     async def _finalize(
         self, conn: repository.Conn, held: dispatch.Claim, state: dispatch.FinalState, *,
