@@ -424,7 +424,8 @@ CREATE TABLE public.agent_command (
     CONSTRAINT agent_command_payload_kept_or_purged CHECK (((payload_ciphertext IS NULL) <> (payload_purged_at IS NULL))),
     CONSTRAINT agent_command_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'dispatching'::text, 'succeeded'::text, 'denied'::text, 'expired'::text, 'unknown'::text, 'review_required'::text, 'failed'::text]))),
     CONSTRAINT agent_command_success_has_receipt CHECK (((state <> 'succeeded'::text) OR (provider_receipt IS NOT NULL)))
-);
+)
+WITH (fillfactor='80');
 
 ALTER TABLE ONLY public.agent_command FORCE ROW LEVEL SECURITY;
 
@@ -533,7 +534,8 @@ CREATE TABLE public.budget (
     CONSTRAINT budget_reserved_check CHECK ((reserved >= 0)),
     CONSTRAINT budget_used_check CHECK ((used >= 0)),
     CONSTRAINT budget_workflow_id_check CHECK (((length(workflow_id) >= 1) AND (length(workflow_id) <= 200)))
-);
+)
+WITH (fillfactor='80');
 
 ALTER TABLE ONLY public.budget FORCE ROW LEVEL SECURITY;
 
@@ -600,7 +602,8 @@ CREATE TABLE public.command_attempt (
     CONSTRAINT command_attempt_late_applied_has_receipt CHECK (((late_answer IS DISTINCT FROM 'applied'::text) OR (late_receipt IS NOT NULL))),
     CONSTRAINT command_attempt_late_complete CHECK (((late_answer IS NULL) = (late_at IS NULL))),
     CONSTRAINT command_attempt_result_check CHECK ((result = ANY (ARRAY['succeeded'::text, 'denied'::text, 'expired'::text, 'unknown'::text, 'review_required'::text, 'failed'::text, 'error'::text, 'abandoned'::text, 'fenced'::text, 'late'::text])))
-);
+)
+WITH (fillfactor='80');
 
 ALTER TABLE ONLY public.command_attempt FORCE ROW LEVEL SECURITY;
 
@@ -826,16 +829,16 @@ ALTER TABLE ONLY public.tenant_data_key
     ADD CONSTRAINT tenant_data_key_pkey PRIMARY KEY (tenant_id, key_version);
 
 --
--- Name: agent_command_dispatchable; Type: INDEX; Schema: public
---
-
-CREATE INDEX agent_command_dispatchable ON public.agent_command USING btree (state, lease_until) WHERE (state = ANY (ARRAY['pending'::text, 'dispatching'::text, 'unknown'::text]));
-
---
 -- Name: agent_command_pending_age; Type: INDEX; Schema: public
 --
 
 CREATE INDEX agent_command_pending_age ON public.agent_command USING btree (updated_at) WHERE (state = 'pending'::text);
+
+--
+-- Name: agent_command_recoverable; Type: INDEX; Schema: public
+--
+
+CREATE INDEX agent_command_recoverable ON public.agent_command USING btree (state, lease_until) WHERE (state = ANY (ARRAY['dispatching'::text, 'unknown'::text]));
 
 --
 -- Name: approval_request_one_pending; Type: INDEX; Schema: public
