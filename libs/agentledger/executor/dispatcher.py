@@ -324,7 +324,7 @@ class Dispatcher:
                         conn, held.tenant_id, held.operation_id, held.attempt_id, answer,
                         worker_id=held.worker_id, traceparent=traceparent)
                 break
-            except (errors.StorageError, OSError, asyncpg.PostgresError,
+            except (errors.AgentLedgerError, OSError, asyncpg.PostgresError,
                     asyncpg.InterfaceError) as exc:
                 if tries == LATE_RECORD_TRIES or not getattr(exc, "retryable", True):
                     log.error("event=late_answer_lost operation_id=%s generation=%d answer=%s "

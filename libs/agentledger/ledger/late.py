@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 from uuid import UUID
 
-from agentledger import sql
+from agentledger import errors, sql
 from agentledger.contracts import commands, common, outcomes
 from agentledger.ledger import repository
 from agentledger.ledger.repository import Conn
@@ -71,7 +71,7 @@ async def record(conn: Conn, tenant_id: UUID, operation_id: UUID, attempt_id: UU
     async with repository.transaction(conn, tenant_id) as tx:
         command = await tx.fetchrow(Q["command_for_late_answer"], tenant_id, operation_id)
         if command is None:
-            raise ValueError(f"no command {operation_id} in this tenant")
+            raise errors.CommandNotFound(operation_id=str(operation_id))
         generation = await tx.fetchval(Q["record_late_answer"], tenant_id, attempt_id,
                                        answer.kind, receipt, text)
         weighed = Weighed("recorded", command["state"], command["connector"])
