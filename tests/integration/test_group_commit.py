@@ -180,20 +180,21 @@ async def test_two_groups_that_deadlock_end_with_every_unit_done(pool: asyncpg.P
 
 
 async def test_claims_of_records_that_arrive_together_share_one_commit(world: World) -> None:
-    """The executor's claims in one transaction: each still gets its own claim, attempt,
-    audit event and dispatch-time decision; a missing and a held command in the same group
-    answer as they would alone; the calls and finalizes that follow record each outcome."""
+    """The executor's claims in one statement (issue 41: ledger.steps, coalesced): each still
+    gets its own claim, attempt, audit event and dispatch-time decision; a missing and a held
+    command in the same statement answer as they would alone; the calls and finalizes that
+    follow record each outcome."""
     t = await world.tenant()
     ops = [await world.admit(t, NOTE, {"body": f"note {i}"}) for i in range(6)]
     first = world.dispatcher(worker="w0")
     taken = await first.begin(t.tenant_id, ops[0])  # held by another worker's live claim
     assert taken.claim is not None
     worker = world.dispatcher(worker="w1")
-    worker._group = groupcommit.GroupCommit(world.pool, leaders=1)
     missing = uuid.uuid4()
     begun = await asyncio.gather(*(worker.begin(t.tenant_id, op) for op in [*ops, missing]))
     assert [b.disposition for b in begun] == ["held", *["claimed"] * 5, "missing"]
-    assert (worker._group.stats.groups, worker._group.stats.grouped_units) == (1, 7)
+    # The seven claims asked together: one statement carried them all.
+    assert (worker._claims.stats.statements, worker._claims.stats.rows) == (1, 7)
 
     states = await asyncio.gather(*(worker.complete(b.claim) for b in begun[1:6] if b.claim))
     assert states == ["succeeded"] * 5

@@ -413,12 +413,13 @@ async def test_a_finalize_that_fails_on_the_database_is_tried_again_while_the_cl
     held = _claim("pending")
     calls: list[str] = []
 
-    async def finalize(_conn: Any, _held: Any, state: str, **_k: Any) -> None:
-        calls.append(state)
+    async def final_rows(_conn: Any, _tenant: Any, rows: Any) -> list[bool]:
+        calls.extend(r.state for r in rows)
         if len(calls) < 3:
             raise errors.StorageError("connection refused: the database is restarting")
+        return [True] * len(rows)
 
-    monkeypatch.setattr(dispatch, "finalize", finalize)
+    monkeypatch.setattr(dispatcher, "_final_rows", final_rows)
     monkeypatch.setattr(dispatcher, "RETRY_FIRST_S", 0.01)
     worker = dispatcher.Dispatcher(
         pool=_Pool(), connectors={}, credentials=None, cipher=None,  # type: ignore[arg-type]
@@ -433,11 +434,11 @@ async def test_a_write_is_never_retried_past_the_claims_lease(
     held = dataclasses_replace(_claim("pending"), lease_until=datetime.now(UTC))
     calls: list[str] = []
 
-    async def finalize(_conn: Any, _held: Any, state: str, **_k: Any) -> None:
-        calls.append(state)
+    async def final_rows(_conn: Any, _tenant: Any, rows: Any) -> list[bool]:
+        calls.extend(r.state for r in rows)
         raise errors.StorageError("still down")
 
-    monkeypatch.setattr(dispatch, "finalize", finalize)
+    monkeypatch.setattr(dispatcher, "_final_rows", final_rows)
     worker = dispatcher.Dispatcher(
         pool=_Pool(), connectors={}, credentials=None, cipher=None,  # type: ignore[arg-type]
         authorizer=None, allowlist=None, worker_id="w1")  # type: ignore[arg-type]

@@ -10,10 +10,11 @@ reconciler recovers it by the connector's contract (R5.5, R5.7).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Literal, TypeVar
@@ -26,7 +27,7 @@ from opentelemetry.trace import Link, Span, SpanKind
 from agentledger import errors, faults
 from agentledger.connectors import base, boundary
 from agentledger.contracts import commands, common
-from agentledger.ledger import dispatch, groupcommit, keys, late, repository
+from agentledger.ledger import coalesce, dispatch, groupcommit, keys, late, repository, steps
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import cedar
 from agentledger.policy import decision as decision_mod
@@ -146,6 +147,11 @@ class Dispatcher:
 
     def __post_init__(self) -> None:
         self._group = self.group or groupcommit.GroupCommit(self.pool)
+        # The claims, pre-call marks and outcomes of concurrent calls of one tenant, each
+        # step one set-based statement for all of them (issue 41, ledger.steps).
+        self._claims = coalesce.Coalescer(self._group, self._claim_rows, key=steps.command_of)
+        self._marks = coalesce.Coalescer(self._group, _mark_rows, key=steps.command_of)
+        self._finals = coalesce.Coalescer(self._group, _final_rows, key=steps.command_of)
         for connector in self.connectors.values():
             if not 0 < self.call_bound(connector) <= dispatch.MAX_CALL_S:
                 # Past it, an operator's resolution could land while the call still runs.
@@ -192,33 +198,32 @@ class Dispatcher:
     async def _begin(
         self, tenant_id: UUID, operation_id: UUID, traceparent: str | None
     ) -> Begun:
-        # One transaction loads the command, claims it and makes the dispatch-time checks
-        # (R2.6: the current policy asked about the principal as recorded now); the
-        # decision's write goes with the pre-call mark or the refusal's finalize. Claims of
-        # records that arrived together share one (group commit).
-        async def claim(conn: repository.Conn) -> Begun:
-            async with repository.transaction(conn, tenant_id) as tx:
-                # One statement claims a pending command of ours and returns it with its
-                # principal (issue 41); only when it claims nothing is the command loaded,
-                # to say why.
-                claimed = await dispatch.claim_loaded_in(
-                    tx, tenant_id, operation_id, worker_id=self.worker_id,
-                    lease_s=self.lease_s, traceparent=traceparent,
-                    connectors=list(self.connectors))
-                if claimed is None:
-                    return await self._not_claimed(tx, tenant_id, operation_id)
-                held, row = claimed
-                found = (cedar.Principal(row["tenant_id"], row["principal_id"],
-                                         frozenset(json.loads(row["principal_roles"])),
-                                         bool(row["principal_revoked"]))
-                         if row["principal_known"] else None)
-                checked = await self._refusal(tx, row, principal=found)
-            return Begun("claimed", claim=held, row=row, checked=checked)
+        # One statement claims a pending command of ours and returns it with its principal,
+        # for every claim the calls of this moment ask for together (issue 41); only when
+        # it claims nothing is the command loaded, to say why. The dispatch-time checks (R2.6:
+        # the current policy asked about the principal as recorded now) need nothing more;
+        # the decision's write goes with the pre-call mark or the refusal's finalize.
+        claimed = await self._claims.submit(tenant_id, steps.ClaimRow(operation_id,
+                                                                      traceparent))
+        if claimed is None:
+            async with self.pool.acquire() as conn, \
+                    repository.transaction(conn, tenant_id) as tx:
+                return await self._not_claimed(tx, tenant_id, operation_id)
+        held, row = claimed
+        found = (cedar.Principal(row["tenant_id"], row["principal_id"],
+                                 frozenset(json.loads(row["principal_roles"])),
+                                 bool(row["principal_revoked"]))
+                 if row["principal_known"] else None)
+        checked = await self._refusal(None, row, principal=found)
+        await faults.point("executor.after_claim")
+        return Begun("claimed", claim=held, row=row, checked=checked)
 
-        begun = await self._group.run(tenant_id, claim)
-        if begun.claim is not None:
-            await faults.point("executor.after_claim")
-        return begun
+    async def _claim_rows(self, conn: repository.Conn, tenant_id: UUID,
+                          rows: Sequence[steps.ClaimRow]
+                          ) -> list[tuple[dispatch.Claim, asyncpg.Record] | None]:
+        async with repository.transaction(conn, tenant_id) as tx:
+            return await steps.claim(tx, tenant_id, rows, worker_id=self.worker_id,
+                                     lease_s=self.lease_s, connectors=list(self.connectors))
 
     async def _not_claimed(self, tx: repository.Conn, tenant_id: UUID,
                            operation_id: UUID) -> Begun:
@@ -341,8 +346,18 @@ class Dispatcher:
             log.error("event=contradicted operation_id=%s state=%s answer=%s",
                       held.operation_id, weighed.state, kind)
 
+    @contextlib.asynccontextmanager
+    async def _connection(self, conn: repository.Conn | None
+                          ) -> AsyncIterator[repository.Conn]:
+        """``conn``, or one of the pool's for the time of the block."""
+        if conn is not None:
+            yield conn
+            return
+        async with self.pool.acquire() as own:
+            yield own
+
     async def _refusal(
-        self, conn: repository.Conn, row: asyncpg.Record, *,
+        self, conn: repository.Conn | None, row: asyncpg.Record, *,
         principal: cedar.Principal | _Unread | None = _UNREAD,
     ) -> Checked:
         """R2.6: the decision must still be valid and the CURRENT policy must still permit.
@@ -359,8 +374,9 @@ class Dispatcher:
             return Checked(("denied", "shadow command: shadow runs are recorded, never "
                             "dispatched"))
         if row["expires_at"] <= datetime.now(UTC):
-            return Checked(("expired", await dispatch.expiry_reason(
-                conn, row["tenant_id"], row["decision_id"])))
+            async with self._connection(conn) as c:
+                return Checked(("expired", await dispatch.expiry_reason(
+                    c, row["tenant_id"], row["decision_id"])))
         if row["payload_ciphertext"] is None:
             return Checked(("expired", "the payload was purged before dispatch"))
         try:
@@ -369,9 +385,10 @@ class Dispatcher:
             return Checked(("denied", f"{row['action']} is no longer on the allowlist"))
         with spans.span(tracer, "authorization", attributes={spans.STAGE: "dispatch"}) as authz:
             if isinstance(principal, _Unread):
-                verdict = await self.authorizer.authorize(
-                    conn, tenant_id=row["tenant_id"], principal_id=row["principal_id"],
-                    action=spec, resource_id=row["resource_id"])
+                async with self._connection(conn) as c:
+                    verdict = await self.authorizer.authorize(
+                        c, tenant_id=row["tenant_id"], principal_id=row["principal_id"],
+                        action=spec, resource_id=row["resource_id"])
             else:
                 verdict = self.authorizer.authorize_known(
                     principal, tenant_id=row["tenant_id"], principal_id=row["principal_id"],
@@ -437,9 +454,11 @@ class Dispatcher:
         # Immediately before the call, on the ledger and not from memory: a worker that
         # stalled past its lease (a GC pause, a frozen VM) must not act on a claim that was
         # taken from it; and an unmarked claim is known never to have sent (issue 17).
-        await self._while_held(held, "mark", lambda: self._group.run(
-            held.tenant_id, lambda conn: dispatch.mark_sending(
-                conn, held, call_s=bound, decision=decision)))
+        lease_until = await self._while_held(held, "mark", lambda: self._marks.submit(
+            held.tenant_id, steps.MarkRow(held, bound + dispatch.CALL_MARGIN_S, decision)))
+        if lease_until is None:
+            raise errors.StaleClaim("the claim is no longer current; the call was not made",
+                                    operation_id=str(held.operation_id))
         # The call's deadline, sent with it: a provider that honours it refuses the request
         # if it arrives after this call's own timer has given up on it (issue 37 §2).
         call = replace(call, deadline=datetime.now(UTC) + timedelta(seconds=bound))
@@ -481,10 +500,12 @@ class Dispatcher:
         state: str
         if final is not None:
             final_state, receipt, reason = final
-            await self._while_held(held, "finalize", lambda: self._group.run(
-                held.tenant_id, lambda conn: dispatch.finalize(
-                    conn, held, final_state, receipt=receipt, reason=reason,
-                    traceparent=traceparent)))
+            row = dispatch.final_row(held, final_state, receipt=receipt, reason=reason,
+                                     traceparent=traceparent)
+            recorded = await self._while_held(held, "finalize", lambda: self._finals.submit(
+                held.tenant_id, row))
+            if not recorded:
+                raise dispatch.stale_outcome(held)
             state = final_state
         else:
             assert isinstance(result, base.NotSent)
@@ -539,3 +560,15 @@ class Dispatcher:
     ) -> None:
         await dispatch.finalize(conn, held, state, receipt=receipt, reason=reason,
                                 traceparent=traceparent, also=also)
+
+
+async def _mark_rows(conn: repository.Conn, tenant_id: UUID,
+                     rows: Sequence[steps.MarkRow]) -> list[datetime | None]:
+    async with repository.transaction(conn, tenant_id) as tx:
+        return await steps.mark(tx, tenant_id, rows)
+
+
+async def _final_rows(conn: repository.Conn, tenant_id: UUID,
+                      rows: Sequence[steps.FinalRow]) -> list[bool]:
+    async with repository.transaction(conn, tenant_id) as tx:
+        return await steps.finalize(tx, tenant_id, rows)

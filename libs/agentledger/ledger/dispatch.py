@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -18,7 +17,7 @@ import asyncpg
 
 from agentledger import errors, sql
 from agentledger.contracts import commands, common, outcomes
-from agentledger.ledger import repository
+from agentledger.ledger import repository, steps
 from agentledger.ledger.repository import Conn
 
 # More writes for a dispatch transaction, given the transaction.
@@ -56,33 +55,9 @@ Requeued = Literal["requeued", "capped"]
 FinalState = Literal["pending", "unknown", commands.TerminalState]
 
 
-@dataclass(frozen=True)
-class DispatchDecision:
-    """The dispatch-time policy decision (R2.6), written in the statement of the pre-call
-    mark — durable before any call, in no transaction of its own."""
-
-    decision_id: UUID
-    principal_id: str
-    action: str
-    resource_id: str
-    effect: str
-    policy_version: str
-    reasons: str  # JSON list of the policy ids that decided
-    reason: str
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A worker's right to act on one command until ``lease_until``."""
-
-    tenant_id: UUID
-    operation_id: UUID
-    token: UUID
-    worker_id: str
-    generation: int
-    lease_until: datetime
-    attempt_id: UUID
-    previous_state: str = "pending"
+# Defined with the statements that write them (steps); named here, where callers look.
+DispatchDecision = steps.DispatchDecision
+Claim = steps.Claim
 
 
 async def claim(
@@ -111,19 +86,13 @@ async def claim_in(
 ) -> Claim | None:
     """:func:`claim` inside the caller's transaction, bound to ``tenant_id`` (the executor
     loads, claims and re-checks the policy in one). The claim counts once that commits."""
-    token = uuid.uuid4()
     if not take_over:
-        # The claim, its attempt and its audit event in one statement.
-        claimed = await tx.fetchrow(
-            Q["claim"], tenant_id, operation_id, token, worker_id, lease_s, list(connectors),
-            kind, traceparent, repository.event_json(
-                {"operation_id": str(operation_id), "worker_id": worker_id, "kind": kind,
-                 "previous_state": "pending"}))
-        if claimed is None:
-            return None
-        return Claim(tenant_id, operation_id, token, worker_id,
-                     int(claimed["fencing_generation"]), claimed["lease_until"],
-                     claimed["attempt_id"], "pending")
+        # The claim, its attempt and its audit event in one statement (steps.sql `claim`).
+        (claimed,) = await steps.claim(tx, tenant_id, [steps.ClaimRow(operation_id, traceparent)],
+                                       worker_id=worker_id, lease_s=lease_s,
+                                       connectors=connectors, kind=kind)
+        return None if claimed is None else claimed[0]
+    token = uuid.uuid4()
     row = await tx.fetchrow(Q["take_over"], tenant_id, operation_id, token, worker_id,
                             lease_s)
     if row is None:
@@ -154,18 +123,10 @@ async def claim_loaded_in(
 ) -> tuple[Claim, asyncpg.Record] | None:
     """:func:`claim_in` of a pending command in ONE statement that also returns the command as
     admission stored it and its principal as the directory records it now (``principal_*``
-    columns): what the executor read in two more statements (issue 41). None: nothing was
-    claimed (the caller loads the command to say why)."""
-    token = uuid.uuid4()
-    row = await tx.fetchrow(
-        Q["claim_loaded"], tenant_id, operation_id, token, worker_id, lease_s, list(connectors),
-        "dispatch", traceparent, repository.event_json(
-            {"operation_id": str(operation_id), "worker_id": worker_id, "kind": "dispatch",
-             "previous_state": "pending"}))
-    if row is None:
-        return None
-    return Claim(tenant_id, operation_id, token, worker_id, int(row["fencing_generation"]),
-                 row["lease_until"], row["attempt_id"], "pending"), row
+    columns; issue 41). None: nothing was claimed (the caller loads the command to say why)."""
+    (claimed,) = await steps.claim(tx, tenant_id, [steps.ClaimRow(operation_id, traceparent)],
+                                   worker_id=worker_id, lease_s=lease_s, connectors=connectors)
+    return claimed
 
 
 async def new_attempt(
@@ -205,19 +166,9 @@ async def mark_sending(conn: Conn, held: Claim, *, call_s: float,
             (the attempt is closed as ``abandoned``). A database error propagates: no ledger,
             no call.
     """
-    d = decision
     async with repository.transaction(conn, held.tenant_id) as tx:
-        lease_until: datetime | None = await tx.fetchval(
-            Q["mark_sending"], held.tenant_id, held.operation_id, held.token, held.attempt_id,
-            float(call_s) + CALL_MARGIN_S, d and d.decision_id, d and d.principal_id,
-            d and d.action, d and d.resource_id, d and d.effect, d and d.policy_version,
-            d and d.reasons, d and d.reason)
-        if lease_until is None:
-            # Only an attempt that never sent is over here: a reconnect's attempt already
-            # sent once, and what that send was answered is its own to record.
-            await tx.execute(Q["abandon_unsent"], held.tenant_id, held.attempt_id,
-                             "the claim was taken over or its lease expired before the call; "
-                             "nothing was sent")
+        (lease_until,) = await steps.mark(tx, held.tenant_id, [
+            steps.MarkRow(held, float(call_s) + CALL_MARGIN_S, decision)])
     if lease_until is None:
         raise errors.StaleClaim("the claim is no longer current; the call was not made",
                                 operation_id=str(held.operation_id))
@@ -316,7 +267,26 @@ async def finalize(
     Raises:
         StaleClaim: the claim was taken over; nothing was written.
     """
-    attempt_result = "error" if state == "pending" else state
+    row = final_row(held, state, receipt=receipt, reason=reason, traceparent=traceparent)
+    async with repository.transaction(conn, held.tenant_id) as tx:
+        # The outcome, the attempt's end and both events in one statement.
+        (held_on,) = await steps.finalize(tx, held.tenant_id, [row])
+        if not held_on:
+            raise stale_outcome(held)
+        if also is not None:
+            await also(tx)
+
+
+def stale_outcome(held: Claim) -> errors.StaleClaim:
+    """What a worker whose outcome the ledger refused (the claim was taken over) is told."""
+    return errors.StaleClaim("the lease was taken over; this worker's outcome is not recorded",
+                             operation_id=str(held.operation_id), generation=held.generation)
+
+
+def final_row(held: Claim, state: FinalState, *, receipt: str | None = None,
+              reason: str | None = None, traceparent: str | None = None) -> steps.FinalRow:
+    """The outcome of ``held`` as the finalize statement writes it: state, receipt, reason,
+    the attempt's end, the audit event and (terminal or unknown) the outcome event."""
     # Text from a provider is made storable at the connector boundary; again here, so that no
     # value can make the one write that records an outcome fail (issue 38 §2).
     if receipt is not None:
@@ -329,21 +299,10 @@ async def finalize(
         {"operation_id": str(held.operation_id), "state": state, "receipt": receipt,
          "reason": reason, "worker_id": held.worker_id, "fencing_generation": held.generation})
     outcome = outcomes.event_payload(held.tenant_id, held.operation_id, state, receipt, reason)
-    async with repository.transaction(conn, held.tenant_id) as tx:
-        # The outcome, the attempt's end and both events in one statement.
-        row = await tx.fetchrow(
-            Q["finalize"], held.tenant_id, held.operation_id, held.token, state, receipt,
-            reason, held.attempt_id, attempt_result, common.reason_text(reason or receipt or ""),
-            f"command.{state}", audit, f"outcome.{state}",
-            None if outcome is None else repository.event_json(outcome), traceparent,
-        )
-        if row is None:
-            raise errors.StaleClaim(
-                "the lease was taken over; this worker's outcome is not recorded",
-                operation_id=str(held.operation_id), generation=held.generation,
-            )
-        if also is not None:
-            await also(tx)
+    return steps.FinalRow(
+        held, state, receipt, reason, "error" if state == "pending" else state,
+        common.reason_text(reason or receipt or ""), audit,
+        None if outcome is None else repository.event_json(outcome), traceparent)
 
 
 async def record_fence(conn: Conn, held: Claim, *, advanced: bool, detail: str,
