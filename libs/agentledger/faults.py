@@ -21,7 +21,8 @@ POINTS = frozenset({
     "batch.mid_publish",               # half of a batch's answers produced, the rest not yet
     "batch.before_offset_commit",      # every answer delivered, the offsets not committed
     "executor.after_claim",            # after commit, before dispatch
-    "groupcommit.before_commit",       # a group's units all done, its one COMMIT not sent
+    "groupcommit.before_commit",       # a group's units (or one set-based statement's rows)
+                                       # all written, its one COMMIT not sent
     "executor.before_call",            # after the pre-call check, before the request leaves
     "executor.after_remote_write",     # after the remote write, before the receipt is persisted
     "executor.after_receipt",          # after the receipt, before the queue ack

@@ -222,8 +222,10 @@ class Dispatcher:
                           rows: Sequence[steps.ClaimRow]
                           ) -> list[tuple[dispatch.Claim, asyncpg.Record] | None]:
         async with repository.transaction(conn, tenant_id) as tx:
-            return await steps.claim(tx, tenant_id, rows, worker_id=self.worker_id,
-                                     lease_s=self.lease_s, connectors=list(self.connectors))
+            claimed = await steps.claim(tx, tenant_id, rows, worker_id=self.worker_id,
+                                        lease_s=self.lease_s, connectors=list(self.connectors))
+            await coalesce.before_commit(rows)
+            return claimed
 
     async def _not_claimed(self, tx: repository.Conn, tenant_id: UUID,
                            operation_id: UUID) -> Begun:
@@ -565,10 +567,14 @@ class Dispatcher:
 async def _mark_rows(conn: repository.Conn, tenant_id: UUID,
                      rows: Sequence[steps.MarkRow]) -> list[datetime | None]:
     async with repository.transaction(conn, tenant_id) as tx:
-        return await steps.mark(tx, tenant_id, rows)
+        marked = await steps.mark(tx, tenant_id, rows)
+        await coalesce.before_commit(rows)
+        return marked
 
 
 async def _final_rows(conn: repository.Conn, tenant_id: UUID,
                       rows: Sequence[steps.FinalRow]) -> list[bool]:
     async with repository.transaction(conn, tenant_id) as tx:
-        return await steps.finalize(tx, tenant_id, rows)
+        recorded = await steps.finalize(tx, tenant_id, rows)
+        await coalesce.before_commit(rows)
+        return recorded

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 from uuid import UUID
 
+from agentledger import faults
 from agentledger.ledger import groupcommit
 from agentledger.ledger.repository import Conn
 
@@ -121,6 +122,14 @@ class Coalescer(Generic[Row, Out]):
         for (_, done), result in zip(taken, results, strict=True):
             if not done.done():
                 done.set_result(result)
+
+
+async def before_commit(rows: Sequence[object]) -> None:
+    """The batch boundary of a set-based statement of several commands: written, not yet
+    committed — the fault point a group's COMMIT has (``groupcommit.before_commit``), here
+    for the rows one statement carried (STYLE rule 19)."""
+    if len(rows) > 1:
+        await faults.point("groupcommit.before_commit")
 
 
 def _fail(done: asyncio.Future[Out], exc: BaseException) -> None:
