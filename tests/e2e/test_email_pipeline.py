@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+import agentledger_email
 import psycopg2
 import pytest
 
@@ -28,6 +30,11 @@ from agentledger.testing.pipeline import Pipeline, pipeline
 from tests import mailpit
 from tests.stack import Stack
 
+
+def mid(op: object) -> str:
+    """The Message-ID the pipeline's e-mail connector (deployment ``email-e2e``) gives op."""
+    return agentledger_email.message_id(uuid.UUID(str(op)),
+                                        agentledger_email.deployment_domain("email-e2e"))
 
 def operator_config(where: Path) -> dict[str, str]:
     """The packaged allowlist and policies, plus what agentledger-email ships."""
@@ -98,8 +105,8 @@ def test_an_email_is_sent_once_with_the_operation_id_as_its_message_id(world: Wo
     op = world.p.propose("email.send", {"subject": "Your refund", "body": "It is on its way."},
                          target="ada@example.com")
     state, receipt = world.p.wait_state(op, "succeeded", "failed", "unknown")
-    assert (state, receipt) == ("succeeded", f"email:{op}@agentledger")
-    held = world.mail.messages(f"{op}@agentledger")
+    assert (state, receipt) == ("succeeded", f"email:{mid(op)}")
+    held = world.mail.messages(mid(op))
     assert len(held) == 1 and held[0]["Subject"] == "Your refund"
     assert [t["Address"] for t in held[0]["To"]] == ["ada@example.com"]  # type: ignore[index]
     assert audit_types(world.p, op)[-1] == "command.succeeded"
@@ -112,7 +119,7 @@ def test_a_recipient_outside_the_configured_domains_is_never_admitted(world: Wor
     assert [(a["status"], a["reason_code"]) for a in answers] == [
         ("rejected", "resource_not_found")]
     assert world.p.state(op) is None
-    assert world.mail.messages(f"{op}@agentledger") == []
+    assert world.mail.messages(mid(op)) == []
 
 
 def test_an_answer_lost_after_acceptance_ends_succeeded_through_lookup_with_one_message(
@@ -123,8 +130,8 @@ def test_an_answer_lost_after_acceptance_ends_succeeded_through_lookup_with_one_
                          target="bob@example.com")
     state, receipt = world.p.wait_state(op, "succeeded", "failed")
     assert world.proxy.dropped == 1  # the server accepted it; the executor never heard
-    assert (state, receipt) == ("succeeded", f"email:{op}@agentledger")
-    assert len(world.mail.messages(f"{op}@agentledger")) == 1
+    assert (state, receipt) == ("succeeded", f"email:{mid(op)}")
+    assert len(world.mail.messages(mid(op))) == 1
     types = audit_types(world.p, op)
     assert "command.unknown" in types, types  # the executor did not invent success
     assert types[-1] == "command.succeeded"
