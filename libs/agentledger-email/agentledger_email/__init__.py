@@ -18,7 +18,9 @@ What a send can come back with, by the SMTP step that failed:
 - before ``DATA``: nothing was accepted. A 4xx answer or a broken connection is
   ``NotSent`` (safe to try again), and a 5xx answer is ``Refused``;
 - during or after ``DATA``: the server may have accepted the message before the answer was
-  lost, so it is ``InDoubt``, and the reconciler's lookup settles it.
+  lost, so it is ``InDoubt``, and the reconciler's lookup settles it — and so is a reply to
+  the data that is neither a 2xx (accepted) nor a 4xx or 5xx (not accepted): a garbled line
+  or a code that means nothing there says nothing about the message.
 
 The stdlib's ``smtplib`` runs in a worker thread. It gives each SMTP step as its own call,
 which is exactly what the classification needs, and a send is one short conversation.
@@ -112,8 +114,8 @@ class EmailConnector:
                 _check(*smtp.rcpt(recipient), step)
                 step = "DATA"  # from here on, the server may accept before we hear it
                 code, answer = smtp.data(message.as_bytes())
-                if code != 250:
-                    return _refusal(code, answer, step)
+                if not 200 <= code < 300:
+                    return _after_data(code, answer)
                 receipt = f"email:{message_id_of(message)}"
                 try:
                     smtp.quit()
@@ -184,6 +186,16 @@ def _refusal(code: int, answer: bytes, step: str) -> Result:
     if 400 <= code < 500:  # "try again later": nothing was accepted
         return NotSent(f"SMTP {step} answered {code}: {text}")
     return Refused(f"SMTP {step} answered {code}: {text}", status=code)
+
+
+def _after_data(code: int, answer: bytes) -> Result:
+    """The reply to the data when it is no acceptance: only a 4xx or 5xx says the message
+    was not accepted; anything else (a garbled line, a 1xx, 3xx or unknown code) says
+    nothing about it, and the server may have kept it."""
+    if 400 <= code < 600:
+        return _refusal(code, answer, "DATA")
+    return InDoubt(f"SMTP DATA answered {code}, neither an acceptance nor a refusal: the "
+                   "message may have been accepted")
 
 
 def message_id_of(message: EmailMessage) -> str:

@@ -24,7 +24,9 @@ from agentledger.connectors import (
     NotFound,
     NotSent,
     Refused,
+    boundary,
     conformance,
+    hostile,
     plugins,
 )
 from tests import mailpit
@@ -142,6 +144,33 @@ async def test_a_refused_recipient_and_an_unreachable_server_send_nothing(
         assert isinstance(await nowhere.execute(call(), ""), NotSent)
     finally:
         await nowhere.aclose()
+
+
+@pytest.mark.parametrize(("reply", "accepted", "expected"), [
+    ({"garbage_at": "END"}, True, InDoubt),  # a reply line that is not SMTP
+    ({"codes": {"END": 354}}, True, InDoubt),  # neither an acceptance nor a refusal
+    ({"codes": {"END": 199}}, True, InDoubt),
+    ({"codes": {"END": 999}}, True, InDoubt),
+    ({"codes": {"END": 252}}, True, Applied),  # a 2xx is a positive completion
+    ({"codes": {"END": 451}}, False, NotSent),  # 4xx: not accepted, try again later
+    ({"codes": {"END": 554}}, False, Refused),  # 5xx: not accepted
+])
+async def test_only_a_refusal_after_the_data_says_the_message_was_not_accepted(
+    reply: dict[str, Any], accepted: bool, expected: type,
+) -> None:
+    # Found by the hostile-provider suite (issue 38 §5): on bff1e25 any reply to the data but
+    # 250 was a refusal, so a server that accepted the message and then answered a garbled
+    # line (or another 2xx) had the command recorded `denied` — with the message delivered.
+    async with hostile.smtp(lambda: hostile.SmtpAnswer(accept=accepted, **reply)) as mail:
+        connector = plugins.load({"email": {
+            "smtp_host": mail.host, "smtp_port": mail.port, "sender": "agent@acme.test",
+            "lookup_url": "http://127.0.0.1:1", "deployment_id": "email-tests"}})["email"]
+        try:
+            sent = await boundary.execute(connector, call(), "", bound_s=30)
+        finally:
+            await connector.aclose()
+        assert len(mail.messages) == int(accepted)
+    assert isinstance(sent, expected), sent
 
 
 async def test_the_resolver_admits_recipients_of_the_configured_domains_only(
