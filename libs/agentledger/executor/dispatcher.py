@@ -10,11 +10,10 @@ reconciler recovers it by the connector's contract (R5.5, R5.7).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Literal, TypeVar
@@ -26,12 +25,12 @@ from opentelemetry.trace import Link, Span, SpanKind
 
 from agentledger import errors, faults
 from agentledger.connectors import base, boundary
-from agentledger.contracts import commands, common
-from agentledger.ledger import coalesce, dispatch, groupcommit, keys, late, repository, steps
+from agentledger.contracts import commands
+from agentledger.executor import checks, late_answers
+from agentledger.ledger import coalesce, dispatch, groupcommit, keys, repository, steps
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import cedar
 from agentledger.policy import decision as decision_mod
-from agentledger.policy import repository as policy_repo
 from agentledger.telemetry import metrics as telemetry_metrics
 from agentledger.telemetry import spans
 
@@ -47,10 +46,6 @@ LEASE_S = 60.0
 RESENDS = 2
 # A refused connection proves nothing was sent; retry it this often before handing back.
 NOT_SENT_RETRIES = 3
-# A late answer has one copy, in this process: recording it outlives a database blip of up to
-# about half a minute (backoff 0.5 s doubling), and then it is logged as lost, never dropped
-# silently.
-LATE_RECORD_TRIES = 6
 # A write of a claim we hold (the pre-call mark, the outcome) that fails on the database (a
 # restart, a failover, a blip) is tried again while the claim is ours (issue 41 §6): the
 # command finishes seconds after the database is back instead of waiting for its lease and
@@ -60,50 +55,7 @@ RETRY_FIRST_S, RETRY_MAX_S, RETRY_MARGIN_S = 0.2, 2.0, 1.0
 
 Disposition = Literal["claimed", "terminal", "held", "missing", "foreign"]
 # Bounded names of what a call returned (span attribute and metric label).
-_RESULTS: dict[type, late.Kind] = {
-    base.Applied: "applied", base.PreconditionFailed: "precondition_failed",
-    base.Refused: "refused", base.Fenced: "fenced", base.NotSent: "not_sent",
-    base.InDoubt: "in_doubt"}
-
-
-class _Unread:
-    """The principal was not read with the command: ``_refusal`` reads it."""
-
-
-_UNREAD = _Unread()
-
-
-@dataclass(frozen=True)
-class Checked:
-    """``_refusal``'s answer: the refusal (None: go on) and the dispatch-time decision, if
-    the policy was asked (written with the pre-call mark, or with a refusal's finalize)."""
-
-    refusal: tuple[dispatch.FinalState, str] | None
-    verdict: decision_mod.Decision | None = None
-    row: asyncpg.Record | None = None
-    action: str = ""
-
-    def decision(self) -> dispatch.DispatchDecision | None:
-        """The decision as the pre-call mark writes it."""
-        if self.verdict is None or self.row is None:
-            return None
-        v, row = self.verdict, self.row
-        return dispatch.DispatchDecision(
-            v.decision_id, row["principal_id"], self.action, row["resource_id"], v.effect,
-            v.policy_version, json.dumps(list(getattr(v, "reasons", ()))), v.reason)
-
-    def also(self) -> dispatch.Also | None:
-        """The decision as a refusal's finalize writes it (in the same transaction)."""
-        verdict, row = self.verdict, self.row
-        if verdict is None or row is None:
-            return None
-
-        async def decided(tx: repository.Conn) -> None:
-            await policy_repo.record_decision(
-                tx, verdict, tenant_id=row["tenant_id"], principal_id=row["principal_id"],
-                action=self.action, resource_id=row["resource_id"],
-                operation_id=row["operation_id"], stage="dispatch")
-        return decided
+_RESULTS = late_answers.RESULTS
 
 
 @dataclass(frozen=True)
@@ -115,7 +67,7 @@ class Begun:
     state: str | None = None
     row: asyncpg.Record | None = None  # the command as loaded before the claim
     # The dispatch-time checks made in the claim's transaction (``_refusal``'s answer).
-    checked: Checked | None = None
+    checked: checks.Checked | None = None
 
 
 @dataclass
@@ -142,7 +94,7 @@ class Dispatcher:
     _spans: dict[UUID, Span] = field(default_factory=dict, init=False, repr=False)
     # The command row ``begin`` loaded for a claim (by attempt id), for ``complete``: every
     # field it reads is frozen at admission, so it is not loaded twice.
-    _rows: dict[UUID, tuple[asyncpg.Record, Checked | None]] = field(
+    _rows: dict[UUID, tuple[asyncpg.Record, checks.Checked | None]] = field(
         default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -210,11 +162,7 @@ class Dispatcher:
                     repository.transaction(conn, tenant_id) as tx:
                 return await self._not_claimed(tx, tenant_id, operation_id)
         held, row = claimed
-        found = (cedar.Principal(row["tenant_id"], row["principal_id"],
-                                 frozenset(json.loads(row["principal_roles"])),
-                                 bool(row["principal_revoked"]))
-                 if row["principal_known"] else None)
-        checked = await self._refusal(None, row, principal=found)
+        checked = await self._refusal(None, row, principal=checks.principal_of(row))
         await faults.point("executor.after_claim")
         return Begun("claimed", claim=held, row=row, checked=checked)
 
@@ -263,7 +211,7 @@ class Dispatcher:
 
     async def _complete(
         self, held: dispatch.Claim, traceparent: str | None, seen: dict[str, str],
-        row: asyncpg.Record | None, checked: Checked | None,
+        row: asyncpg.Record | None, checked: checks.Checked | None,
     ) -> str:
         async with self.pool.acquire() as conn:
             if row is None:
@@ -319,90 +267,14 @@ class Dispatcher:
 
     async def _record_late(self, held: dispatch.Claim, result: base.Result, connector: str,
                            traceparent: str | None) -> None:
-        """Record the answer a fenced-out claim received on its attempt (``ledger.late``)."""
-        kind = _RESULTS[type(result)]
-        answer = late.Answer(
-            kind, text=getattr(result, "reason", None) or f"the provider answered {kind}",
-            receipt=result.receipt if isinstance(result, base.Applied) else None)
-        for tries in range(1, LATE_RECORD_TRIES + 1):
-            try:
-                async with self.pool.acquire() as conn:
-                    weighed = await late.record(
-                        conn, held.tenant_id, held.operation_id, held.attempt_id, answer,
-                        worker_id=held.worker_id, traceparent=traceparent)
-                break
-            except (errors.AgentLedgerError, OSError, asyncpg.PostgresError,
-                    asyncpg.InterfaceError) as exc:
-                if tries == LATE_RECORD_TRIES or not getattr(exc, "retryable", True):
-                    log.error("event=late_answer_lost operation_id=%s generation=%d answer=%s "
-                              "error=%r", held.operation_id, held.generation, kind, exc)
-                    return
-                await asyncio.sleep(0.5 * 2 ** (tries - 1))  # backoff across a blip
-        label = telemetry_metrics.bounded(connector)
-        telemetry_metrics.late_answers.add(1, connector=label, outcome=kind)
-        log.warning("event=late_answer operation_id=%s generation=%d answer=%s state=%s "
-                    "disposition=%s", held.operation_id, held.generation, kind, weighed.state,
-                    weighed.disposition)
-        if weighed.disposition == "contradicted":
-            telemetry_metrics.contradictions.add(1, connector=label)
-            log.error("event=contradicted operation_id=%s state=%s answer=%s",
-                      held.operation_id, weighed.state, kind)
-
-    @contextlib.asynccontextmanager
-    async def _connection(self, conn: repository.Conn | None
-                          ) -> AsyncIterator[repository.Conn]:
-        """``conn``, or one of the pool's for the time of the block."""
-        if conn is not None:
-            yield conn
-            return
-        async with self.pool.acquire() as own:
-            yield own
+        await late_answers.record(self.pool, held, result, connector, traceparent)
 
     async def _refusal(
         self, conn: repository.Conn | None, row: asyncpg.Record, *,
-        principal: cedar.Principal | _Unread | None = _UNREAD,
-    ) -> Checked:
-        """R2.6: the decision must still be valid and the CURRENT policy must still permit.
-
-        Returns the refusal (None: go on) and the dispatch-time decision, for the write that
-        comes next: the finalize of a refusal, or the pre-call mark (so the decision is
-        durable before any call, in no transaction of its own). ``principal``: the
-        directory's record as the claim's statement read it; unread, it is read here.
-        """
-        # R9.2: a shadow run never writes. Admission refuses shadow proposals; this second,
-        # independent check denies a shadow command that reached the ledger anyway, before
-        # any connector call (the flag comes with the command's row).
-        if row["shadow"]:
-            return Checked(("denied", "shadow command: shadow runs are recorded, never "
-                            "dispatched"))
-        if row["expires_at"] <= datetime.now(UTC):
-            async with self._connection(conn) as c:
-                return Checked(("expired", await dispatch.expiry_reason(
-                    c, row["tenant_id"], row["decision_id"])))
-        if row["payload_ciphertext"] is None:
-            return Checked(("expired", "the payload was purged before dispatch"))
-        try:
-            spec = self.allowlist.get(row["action"])
-        except errors.UnknownAction:
-            return Checked(("denied", f"{row['action']} is no longer on the allowlist"))
-        with spans.span(tracer, "authorization", attributes={spans.STAGE: "dispatch"}) as authz:
-            if isinstance(principal, _Unread):
-                async with self._connection(conn) as c:
-                    verdict = await self.authorizer.authorize(
-                        c, tenant_id=row["tenant_id"], principal_id=row["principal_id"],
-                        action=spec, resource_id=row["resource_id"])
-            else:
-                verdict = self.authorizer.authorize_known(
-                    principal, tenant_id=row["tenant_id"], principal_id=row["principal_id"],
-                    action=spec, resource_id=row["resource_id"])
-            authz.set_attributes({spans.EFFECT: verdict.effect,
-                                  spans.POLICY_VERSION: verdict.policy_version})
-        telemetry_metrics.authorizations.add(1, stage="dispatch", outcome=verdict.effect)
-        # Only a denial stops a command: one a person approved stays approved (R2.6).
-        if verdict.effect == "deny":
-            why = common.reason_text(f"current policy denies it: {verdict.reason}")
-            return Checked(("denied", why), verdict, row, spec.name)
-        return Checked(None, verdict, row, spec.name)
+        principal: cedar.Principal | checks.Unread | None = checks.UNREAD,
+    ) -> checks.Checked:
+        return await checks.refusal(self.pool, self.allowlist, self.authorizer, conn, row,
+                                    principal=principal)
 
     async def _call(
         self, connector: base.Connector, call: base.Call, token: str, held: dispatch.Claim,
