@@ -262,21 +262,23 @@ class Meter:
         self._sample(self.conn)
 
     def report(self, commands: int) -> dict[str, Any]:
-        """Every figure of the window per command; waits for the delayed counters first."""
+        """Every figure of the window per command; waits for the delayed counters first,
+        then as long again to measure what the system does at rest (taken off them)."""
         time.sleep(pgcounters.STATS_FLUSH_S)  # Postgres's own publishing delay, not a condition
-        lagged1 = self._lagged()
+        lagged1, at1 = self._lagged(), time.monotonic()
+        time.sleep(pgcounters.STATS_FLUSH_S)  # the rest, measured over as long a span
+        rest, at2 = self._lagged(), time.monotonic()
         t0, t1 = self.t0, self.t1
         out: dict[str, Any] = {"window_s": round(t1["at"] - t0["at"], 2),
                                "load_avg_before": [round(x, 2) for x in t0["load"]],
                                "load_avg_after": [round(x, 2) for x in t1["load"]]}
-        out.update(self._postgres(commands, lagged1))
+        out.update(self._postgres(commands, lagged1, rest, at1 - t1["at"], at2 - at1))
         out.update(self._cpu(commands))
         for name in ("kafka", "crm"):
             if name not in self.pids:
                 out["unmeasured"][name] = "its process was not found"
         if self.postmaster is None:
             out["unmeasured"]["postgres"] = "the postmaster was not found"
-
         self.conn.close()
         return out
 
@@ -328,7 +330,8 @@ class Meter:
             "box_ticks": box_ticks,
         }
 
-    def _postgres(self, commands: int, lagged1: dict[str, Any]) -> dict[str, Any]:
+    def _postgres(self, commands: int, lagged1: dict[str, Any], rest: dict[str, Any],
+                  tail_s: float, rest_s: float) -> dict[str, Any]:
         t0, t1, l0 = self.t0, self.t1, self.lagged0
         out: dict[str, Any] = {"unmeasured": {}}
         wal = pgcounters.lsn_bytes(t1["lsn"]) - pgcounters.lsn_bytes(t0["lsn"])
@@ -350,13 +353,24 @@ class Meter:
                 "pg_stat_statements is not in shared_preload_libraries: a cluster initialised "
                 "before it was added to deploy/local/postgres/postgresql.conf needs the line "
                 "and a restart (bench/README.md)")
-        dbs = pgcounters.diff_rows(l0["databases"], lagged1["databases"], commands)
+        out["delayed_counters"] = {"counted_past_window_s": round(tail_s, 1),
+                                   "rest_measured_s": round(rest_s, 1)}
+        window = pgcounters.less_rest(lagged1["databases"], rest["databases"], tail_s, rest_s)
+        dbs = pgcounters.diff_rows(l0["databases"], window, commands)
         out["databases_per_cmd"] = {self.side.databases.get(n, n): v for n, v in dbs.items()}
+        out["databases_at_rest_per_s"] = {
+            self.side.databases.get(n, n): v for n, v in pgcounters.diff_rows(
+                lagged1["databases"], rest["databases"], 1).items()}
+        for v in out["databases_at_rest_per_s"].values():
+            v.update({k: round(x / max(rest_s, 1e-9), 2) for k, x in v.items()})
+        cluster = pgcounters.less_rest({"c": {"n": lagged1["cluster_commits"]}},
+                                       {"c": {"n": rest["cluster_commits"]}}, tail_s, rest_s)
         out["cluster_commits_per_cmd"] = round(
-            (lagged1["cluster_commits"] - l0["cluster_commits"]) / max(commands, 1), 3)
-        out["tables_per_cmd"] = {role: pgcounters.diff_rows(l0["tables"].get(role, {}), t,
-                                                            commands)
-                                 for role, t in lagged1["tables"].items()}
+            (cluster["c"]["n"] - l0["cluster_commits"]) / max(commands, 1), 3)
+        out["tables_per_cmd"] = {
+            role: pgcounters.diff_rows(l0["tables"].get(role, {}), pgcounters.less_rest(
+                t, rest["tables"].get(role, {}), tail_s, rest_s), commands)
+            for role, t in lagged1["tables"].items()}
         out["slots_per_cmd"] = pgcounters.diff_rows(l0["slots"], lagged1["slots"], commands)
         published = sum(out["tables_per_cmd"].get(role, {}).get(table, {}).get("ins", 0.0)
                         for role, tables in self.published.items() for table in tables)

@@ -159,7 +159,7 @@ def statements_summary(deltas: Mapping[StatementKey, StatementCount],
     return out
 
 
-def diff_rows(before: Mapping[str, Mapping[str, int]], after: Mapping[str, Mapping[str, int]],
+def diff_rows(before: Mapping[str, Mapping[str, float]], after: Mapping[str, Mapping[str, float]],
               commands: int) -> dict[str, dict[str, float]]:
     """Per name (a database, a table), each counter's increase per command (zeros left out)."""
     out: dict[str, dict[str, float]] = {}
@@ -167,9 +167,23 @@ def diff_rows(before: Mapping[str, Mapping[str, int]], after: Mapping[str, Mappi
     for name, now in after.items():
         was = before.get(name, {})
         moved = {k: round((v - was.get(k, 0)) / n, 3) for k, v in now.items()
-                 if v - was.get(k, 0) != 0}
+                 if round(v - was.get(k, 0), 6) != 0}
         if moved:
             out[name] = moved
+    return out
+
+
+def less_rest(after: Mapping[str, Mapping[str, int]], rest: Mapping[str, Mapping[str, int]],
+              tail_s: float, rest_s: float) -> dict[str, dict[str, float]]:
+    """``after`` less what the system did at rest during the ``tail_s`` seconds it counts
+    past the window (delayed counters are read that long after it): ``rest`` is the same
+    counters ``rest_s`` seconds after ``after``, when nothing but the system's idle work
+    (pollers, periodic sweeps) ran."""
+    out: dict[str, dict[str, float]] = {}
+    scale = tail_s / rest_s if rest_s > 0 else 0.0
+    for name, now in after.items():
+        later = rest.get(name, now)
+        out[name] = {k: v - (later.get(k, v) - v) * scale for k, v in now.items()}
     return out
 
 

@@ -133,6 +133,17 @@ def test_counter_rows_and_wal_per_command() -> None:
     assert set(wal) == {"ledger", "no_relation", "shared_catalog", "other_databases"}
 
 
+def test_the_rest_counted_past_the_window_is_taken_off() -> None:
+    # 100 commits in the window; the counters are read 11 s after it, while the system's
+    # pollers commit 2 a second at rest (22 more), measured over the next 11 s.
+    before = {"db": {"xact_commit": 1000}}
+    after = {"db": {"xact_commit": 1122}}
+    rest = {"db": {"xact_commit": 1144}}
+    window = pgcounters.less_rest(after, rest, tail_s=11.0, rest_s=11.0)
+    assert pgcounters.diff_rows(before, window, 50) == {"db": {"xact_commit": 2.0}}
+    assert pgcounters.less_rest(after, {}, 11.0, 11.0) == {"db": {"xact_commit": 1122}}
+
+
 def _box(box: float, services: float) -> dict[str, object]:
     return {"cpu_ms_per_cmd": {"box": box, "accounted": box - 1.0, "services": services,
                                "own_postgres": 1.0, "postgres": 2.0, "kafka": 0.5},
