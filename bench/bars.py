@@ -41,6 +41,26 @@ BARS: tuple[Bar, ...] = (
 )
 
 
+# On an idle box the processes under test are nearly all of its CPU (the rest: kernel
+# threads, other stacks' idle brokers and databases, a few per cent). Past this share of
+# the box taken by other processes during a burst, someone else's work is inside the
+# whole-box figures, and their verdicts are marked inconclusive.
+BUSY_SHARE = 0.10
+# The bars whose figure is the whole box itself (others' CPU is in it, not just beside it).
+BOX_FIGURES = frozenset({"box_cpu_ms_per_cmd", "box_cpu_ratio_peer_to_ours"})
+
+
+def others_share(figures: Mapping[str, Any]) -> dict[str, float]:
+    """Per side, the share of the box's CPU in the burst taken by other processes."""
+    out: dict[str, float] = {}
+    for side, prefix in (("ours", ""), ("peer", "peer_")):
+        box, other = figures.get(f"{prefix}box_cpu_ms_per_cmd"), figures.get(
+            f"{prefix}box_other_cpu_ms_per_cmd")
+        if isinstance(box, int | float) and isinstance(other, int | float) and box > 0:
+            out[side] = round(max(0.0, other) / box, 3)
+    return out
+
+
 def meets(value: float, limit: float, at_most: bool) -> bool:
     return value <= limit if at_most else value >= limit
 
@@ -49,6 +69,7 @@ def evaluate(figures: Mapping[str, Any], bars: tuple[Bar, ...] = BARS) -> list[d
     """One row per bar: the value, ``pass``/``fail``/``not measured``, and whether the goal
     (when there is one) is met too."""
     rows: list[dict[str, Any]] = []
+    busy = {side: share for side, share in others_share(figures).items() if share > BUSY_SHARE}
     for b in bars:
         value = figures.get(b.figure) if b.figure else None
         if not isinstance(value, int | float) or isinstance(value, bool):
@@ -56,9 +77,15 @@ def evaluate(figures: Mapping[str, Any], bars: tuple[Bar, ...] = BARS) -> list[d
         else:
             status = "pass" if meets(float(value), b.bar, b.at_most) else "fail"
             goal = None if b.goal is None else meets(float(value), b.goal, b.at_most)
+        note = ""
+        if busy and status != "not measured":
+            sides = ", ".join(f"{round(100 * v)} % of the box in {k}'s burst"
+                              for k, v in busy.items())
+            note = (f"inconclusive: other processes took {sides}" if b.figure in BOX_FIGURES
+                    else "box busy (not the idle box the bar is for)")
         rows.append({"figure": b.figure, "what": b.what, "bar": b.bar, "goal": b.goal,
                      "at_most": b.at_most, "value": value, "status": status,
-                     "goal_met": goal, "elsewhere": b.elsewhere})
+                     "goal_met": goal, "elsewhere": b.elsewhere, "note": note})
     return rows
 
 
@@ -77,6 +104,8 @@ def markdown(rows: list[dict[str, Any]]) -> list[str]:
             verdict += ", goal met" if r["goal_met"] else ", goal not met"
         if r["elsewhere"]:
             verdict += f" (by {r['elsewhere']})"
+        if r.get("note"):
+            verdict += f" — {r['note']}"
         name = f"`{r['figure']}`" if r["figure"] else ""
         lines.append(f"| {r['what']} {name} | {limit(r, r['bar'])} | {limit(r, r['goal'])} "
                      f"| {shown} | {verdict} |")

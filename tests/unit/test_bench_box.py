@@ -186,6 +186,21 @@ def test_bars_pass_fail_goal_and_not_measured() -> None:
     assert "| ≤ 3.1 | ≤ 2.5 | 2.800 | pass, goal not met |" in table
 
 
+def test_a_busy_box_makes_the_whole_box_verdicts_inconclusive() -> None:
+    figures = {"box_cpu_ms_per_cmd": 10.0, "box_other_cpu_ms_per_cmd": 0.5,
+               "peer_box_cpu_ms_per_cmd": 60.0, "peer_box_other_cpu_ms_per_cmd": 30.0,
+               "box_cpu_ratio_peer_to_ours": 6.0, "services_cpu_ms_per_cmd": 1.0}
+    assert bars.others_share(figures) == {"ours": 0.05, "peer": 0.5}
+    rows = {r["figure"]: r for r in bars.evaluate(figures)}
+    assert rows["box_cpu_ratio_peer_to_ours"]["status"] == "pass"
+    assert rows["box_cpu_ratio_peer_to_ours"]["note"].startswith("inconclusive")
+    assert "peer's burst" in rows["box_cpu_ratio_peer_to_ours"]["note"]
+    assert rows["services_cpu_ms_per_cmd"]["note"].startswith("box busy")
+    assert rows["e2e_ms_p99"]["note"] == ""
+    quiet = dict(figures, peer_box_other_cpu_ms_per_cmd=3.0)
+    assert all(r["note"] == "" for r in bars.evaluate(quiet))
+
+
 def test_report_carries_the_box_figures_and_the_load_average() -> None:
     run = {"started_at": "now", "duration_s": 1.0, "git_commit": "abc", "host_cpus": 2,
            "load_avg_start": "0.10 0.20 0.30", "load_avg_end": "4.00 2.00 1.00"}
