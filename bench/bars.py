@@ -48,6 +48,8 @@ BARS: tuple[Bar, ...] = (
 BUSY_SHARE = 0.10
 # The bars whose figure is the whole box itself (others' CPU is in it, not just beside it).
 BOX_FIGURES = frozenset({"box_cpu_ms_per_cmd", "box_cpu_ratio_peer_to_ours"})
+# Counts, not times: the same on a busy box.
+COUNT_FIGURES = frozenset({"ledger_statements_per_cmd"})
 
 
 def others_share(figures: Mapping[str, Any]) -> dict[str, float]:
@@ -78,8 +80,9 @@ def evaluate(figures: Mapping[str, Any], bars: tuple[Bar, ...] = BARS) -> list[d
             status = "pass" if meets(float(value), b.bar, b.at_most) else "fail"
             goal = None if b.goal is None else meets(float(value), b.goal, b.at_most)
         note = ""
-        if busy and status != "not measured":
-            sides = ", ".join(f"{round(100 * v)} % of the box in {k}'s burst"
+        if busy and status != "not measured" and b.figure not in COUNT_FIGURES:
+            sides = ", ".join(f"{round(100 * v)} % of the box in "
+                              f"{'our' if k == 'ours' else 'the peer' + chr(39) + 's'} burst"
                               for k, v in busy.items())
             note = (f"inconclusive: other processes took {sides}" if b.figure in BOX_FIGURES
                     else "box busy (not the idle box the bar is for)")

@@ -123,7 +123,9 @@ def statements_summary(deltas: Mapping[StatementKey, StatementCount],
     (wall clock, waits included), not CPU.
     """
     per: dict[str, dict[str, Any]] = {}
-    rows: dict[str, list[dict[str, Any]]] = {}
+    # One row per statement text: Postgres may give the same text several query ids (seen
+    # for the same user and database), which would split one statement into several rows.
+    rows: dict[str, dict[tuple[str, bool], dict[str, Any]]] = {}
     for (dbid, _user, queryid, toplevel), d in deltas.items():
         role = roles.get(dbid)
         query = texts.get(queryid, "")
@@ -136,14 +138,18 @@ def statements_summary(deltas: Mapping[StatementKey, StatementCount],
             s["control"] += d.calls
         else:
             s["work"] += d.calls
-        rows.setdefault(role, []).append({
+        text = " ".join(query.split())
+        row = rows.setdefault(role, {}).setdefault((text, toplevel), {
             "name": name_of(query, catalog or {}),
             "query": strip_comments(query)[:240], "toplevel": toplevel,
-            "calls": d.calls, "exec_ms": d.exec_ms, "rows": d.rows})
+            "calls": 0, "exec_ms": 0.0, "rows": 0})
+        row["calls"] += d.calls
+        row["exec_ms"] += d.exec_ms
+        row["rows"] += d.rows
     out: dict[str, Any] = {}
     n = max(commands, 1)
     for role, s in per.items():
-        ranked = rows[role]
+        ranked = list(rows[role].values())
         for r in ranked:
             r["calls_per_cmd"] = round(r.pop("calls") / n, 3)
             r["exec_ms_per_cmd"] = round(r.pop("exec_ms") / n, 4)

@@ -83,22 +83,24 @@ def test_statement_differences_and_the_summary_per_command() -> None:
              (1, 9, 102, False): count(20, 4.0, 20),  # new, nested in a function
              (1, 9, 103, True): count(30, 3.0, 30),  # the bench's own polling
              (1, 9, 104, True): count(5, 0.5, 0),  # reset in between: counted from zero
+             (1, 9, 105, True): count(6, 1.0, 6),  # the same text under another query id
              (2, 9, 100, True): count(7, 1.0, 7)}  # another role's database
     deltas = pgcounters.diff_statements(before, after)
     assert deltas[(1, 9, 100, True)] == count(30, 15.0, 30)
     assert deltas[(1, 9, 104, True)] == count(5, 0.5, 0)
     texts = {100: "-- Seed §4: insert\nINSERT INTO agent_command VALUES ($1)", 101: "BEGIN",
              102: "INSERT INTO audit_event VALUES ($1)", 103: "/* bench */ SELECT 1",
-             104: "SELECT agentledger_xid_visible($1)"}
+             104: "SELECT agentledger_xid_visible($1)",
+             105: "-- Seed §4: insert\nINSERT INTO  agent_command VALUES ($1)"}
     catalog = {"ledger/admit_command": "-- Seed §4: insert\nINSERT INTO agent_command VALUES ($1)"}
     summary = pgcounters.statements_summary(deltas, texts, {1: "ledger", 2: "crm"}, 10,
                                             catalog)
     ledger = summary["ledger"]
-    assert ledger["statements_per_cmd"] == 3.5  # 30 + 5 over 10 commands; BEGIN apart
-    assert ledger["all_toplevel_per_cmd"] == 4.5
+    assert ledger["statements_per_cmd"] == 4.1  # 30 + 6 + 5 over 10 commands; BEGIN apart
+    assert ledger["all_toplevel_per_cmd"] == 5.1
     assert ledger["nested_per_cmd"] == 2.0
     top = ledger["top_by_calls"][0]
-    assert top["name"] == "ledger/admit_command" and top["calls_per_cmd"] == 3.0
+    assert top["name"] == "ledger/admit_command" and top["calls_per_cmd"] == 3.6
     assert top["query"] == "INSERT INTO agent_command VALUES ($1)"
     assert all("bench" not in r["query"] for r in ledger["top_by_calls"])
     assert summary["crm"]["statements_per_cmd"] == 0.7
@@ -189,14 +191,16 @@ def test_bars_pass_fail_goal_and_not_measured() -> None:
 def test_a_busy_box_makes_the_whole_box_verdicts_inconclusive() -> None:
     figures = {"box_cpu_ms_per_cmd": 10.0, "box_other_cpu_ms_per_cmd": 0.5,
                "peer_box_cpu_ms_per_cmd": 60.0, "peer_box_other_cpu_ms_per_cmd": 30.0,
-               "box_cpu_ratio_peer_to_ours": 6.0, "services_cpu_ms_per_cmd": 1.0}
+               "box_cpu_ratio_peer_to_ours": 6.0, "services_cpu_ms_per_cmd": 1.0,
+               "ledger_statements_per_cmd": 16.0}
     assert bars.others_share(figures) == {"ours": 0.05, "peer": 0.5}
     rows = {r["figure"]: r for r in bars.evaluate(figures)}
     assert rows["box_cpu_ratio_peer_to_ours"]["status"] == "pass"
     assert rows["box_cpu_ratio_peer_to_ours"]["note"].startswith("inconclusive")
     assert "peer's burst" in rows["box_cpu_ratio_peer_to_ours"]["note"]
     assert rows["services_cpu_ms_per_cmd"]["note"].startswith("box busy")
-    assert rows["e2e_ms_p99"]["note"] == ""
+    assert rows["e2e_ms_p99"]["note"] == ""  # not measured
+    assert rows["ledger_statements_per_cmd"]["note"] == ""  # a count: the same on a busy box
     quiet = dict(figures, peer_box_other_cpu_ms_per_cmd=3.0)
     assert all(r["note"] == "" for r in bars.evaluate(quiet))
 
