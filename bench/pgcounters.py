@@ -117,6 +117,9 @@ def statements_summary(deltas: Mapping[StatementKey, StatementCount],
                        ) -> dict[str, Any]:
     """Per database role: statements per command and the top statements.
 
+    ``bench_statements`` counts the bench's own (marked) statements, left out of the rest:
+    each is an autocommit poll, so also one commit in ``pg_stat_database``.
+
     ``statements_per_cmd`` counts top-level statements that do work (not BEGIN, COMMIT and
     the like); ``all_toplevel_per_cmd`` adds those; ``nested_per_cmd`` counts statements run
     inside functions and triggers (not round trips). ``exec_ms`` is time in the executor
@@ -129,9 +132,12 @@ def statements_summary(deltas: Mapping[StatementKey, StatementCount],
     for (dbid, _user, queryid, toplevel), d in deltas.items():
         role = roles.get(dbid)
         query = texts.get(queryid, "")
-        if role is None or query.lstrip().startswith(BENCH_SQL_MARK):
+        if role is None:
             continue
-        s = per.setdefault(role, {"work": 0, "control": 0, "nested": 0})
+        s = per.setdefault(role, {"work": 0, "control": 0, "nested": 0, "bench": 0})
+        if query.lstrip().startswith(BENCH_SQL_MARK):
+            s["bench"] += d.calls
+            continue
         if not toplevel:
             s["nested"] += d.calls
         elif is_transaction_control(query):
@@ -158,6 +164,7 @@ def statements_summary(deltas: Mapping[StatementKey, StatementCount],
             "statements_per_cmd": round(s["work"] / n, 3),
             "all_toplevel_per_cmd": round((s["work"] + s["control"]) / n, 3),
             "nested_per_cmd": round(s["nested"] / n, 3),
+            "bench_statements": s["bench"],
             "top_by_calls": sorted(ranked, key=lambda r: -r["calls_per_cmd"])[:TOP_STATEMENTS],
             "top_by_exec_ms": sorted(ranked,
                                      key=lambda r: -r["exec_ms_per_cmd"])[:TOP_STATEMENTS],

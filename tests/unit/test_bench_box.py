@@ -103,6 +103,7 @@ def test_statement_differences_and_the_summary_per_command() -> None:
     assert top["name"] == "ledger/admit_command" and top["calls_per_cmd"] == 3.6
     assert top["query"] == "INSERT INTO agent_command VALUES ($1)"
     assert all("bench" not in r["query"] for r in ledger["top_by_calls"])
+    assert ledger["bench_statements"] == 30
     assert summary["crm"]["statements_per_cmd"] == 0.7
 
 
