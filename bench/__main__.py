@@ -70,6 +70,30 @@ def _phase(name: str, details: dict[str, Any], errors: dict[str, str],
     print(f"bench: {name} done in {took} s", file=sys.stderr, flush=True)
 
 
+def stack_problem(database_url: str, bootstrap: str) -> str | None:
+    """Why the stack cannot be benchmarked (Postgres or Kafka not answering), or None."""
+    import logging
+
+    import psycopg2
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        psycopg2.connect(database_url, connect_timeout=3).close()
+    except psycopg2.Error as exc:
+        where = database_url.rsplit("@", 1)[-1]
+        return f"PostgreSQL at {where} does not answer ({str(exc).strip().splitlines()[0]})"
+    quiet = logging.getLogger("bench.preflight")
+    quiet.addHandler(logging.NullHandler())
+    quiet.propagate = False  # librdkafka's connection errors would print a line each
+    try:
+        AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 3000},
+                    logger=quiet).list_topics(timeout=5)
+    except KafkaException:
+        return f"Kafka at {bootstrap} does not answer"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller bursts and shorter phases")
@@ -91,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     timeout = 180.0
 
     common = settings.load()
+    problem = stack_problem(common.database_url, common.kafka_bootstrap)
+    if problem:
+        print(f"bench: the stack is not up: {problem}; start it with `make up`",
+              file=sys.stderr)
+        return 2
     started, began = datetime.now(UTC), time.monotonic()
     load_start = _load()
     tag = uuid.uuid4().hex[:6]
@@ -118,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         _phase("e2e", details, errors, lambda: e2e.run(
             boot, dbs.fresh("e2e"), dbs.fresh("e2e_crm"), logs, burst_size=burst,
             steady_s=steady_s, timeout=timeout, curve_s=curve_s,
-            profile_to=profiles / "executor.raw" if profiles else None))
+            profile_to=profiles / "executor.raw" if profiles else None,
+            meter_url=dbs.meter_url()))
         if not args.skip_peer:
             _phase("peer", details, errors, lambda: peer.run(
                 boot, dbs, logs, burst_size=burst, steady_s=steady_s, timeout=timeout))
@@ -127,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = profile.summarise(raw.read_text())
             raw.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
             details.setdefault("profiles", {})[raw.stem] = summary
-    result = {
+    result: dict[str, Any] = {
         "run": {
             "started_at": started.isoformat(timespec="seconds"),
             "duration_s": round(time.monotonic() - began, 1),
@@ -145,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         "errors": errors,
         "details": details,
     }
-    result["figures"] = report.figures(details)
+    result["figures"] = report.figures(details, result["run"])
     for path in report.write(result, args.out):
         print(f"bench: wrote {path}", file=sys.stderr)
     print(json.dumps(result["figures"], indent=1, default=str))

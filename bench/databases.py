@@ -36,6 +36,7 @@ class Databases:
         self.tag = run_tag
         self.created: list[str] = []
         self._template: str | None = None
+        self._meter: str | None = None
 
     def _create(self, suffix: str, template: str | None = None) -> str:
         name = f"al_bench_{self.tag}_{suffix}_{uuid.uuid4().hex[:6]}"
@@ -60,6 +61,16 @@ class Databases:
     def empty(self, suffix: str) -> str:
         """URL of a new, empty database (for the peer engine's own tables)."""
         return db.with_database(self.admin_url, self._create(suffix))
+
+    def meter_url(self) -> str:
+        """URL of the run's database for reading the server's counters (bench.meter): the
+        extensions it reads through are created there, not in a database anyone else uses."""
+        if self._meter is None:
+            url = self.empty("meter")
+            for extension in ("pg_stat_statements", "pg_walinspect"):
+                admin_exec(url, f"CREATE EXTENSION IF NOT EXISTS {extension}")
+            self._meter = url
+        return self._meter
 
     def drop_all(self) -> None:
         """Drop leftover replication slots in our databases, then the databases."""

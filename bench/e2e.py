@@ -14,13 +14,14 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from confluent_kafka.admin import AdminClient
 
 from agentledger.testing import processes
 from agentledger.testing.crm import Crm
 from agentledger.testing.pipeline import pipeline
-from bench import procstats, profile, workload
+from bench import meter, procstats, profile, workload
 
 SLOW_PROVIDER_MS = 200
 # Seconds for two executors to join one group and settle its partitions (a rebalance).
@@ -39,6 +40,10 @@ STAGES_SQL = (
     " WHERE c.operation_id = ANY(%s::uuid[]) AND c.state = 'succeeded' AND a.result = 'succeeded'"
 )
 STAGES = ("to_admission", "admission_to_claim", "claim_to_call", "call_to_finalize")
+
+
+def database_name(url: str) -> str:
+    return urlsplit(url).path.lstrip("/")
 
 
 def group_members(bootstrap: str, group: str) -> int:
@@ -64,8 +69,9 @@ def slow_provider(crm: Crm) -> Callable[[bool], None]:
 
 def run(bootstrap: str, ledger_url: str, crm_url: str, logs: Path, *, burst_size: int,
         steady_s: float, timeout: float, profile_to: Path | None = None,
-        curve_s: float = 0.0) -> dict[str, Any]:
-    """Measure the pipeline; returns the workload figures and the processes' costs."""
+        curve_s: float = 0.0, meter_url: str | None = None) -> dict[str, Any]:
+    """Measure the pipeline; returns the workload figures and the processes' costs (with
+    ``meter_url``, each burst's whole-box cost: ``bench.meter``)."""
     with pipeline(bootstrap, ledger_url, crm_url, logs) as p:
         first = p.services["executor-crm"]
         group = first.env["AGENTLEDGER_EXECUTOR_GROUP_ID"]
@@ -83,6 +89,14 @@ def run(bootstrap: str, ledger_url: str, crm_url: str, logs: Path, *, burst_size
             before = crm_cpu.cpu()
             executor_pid = pids["executor-crm"]
 
+            side = meter.Side("ours", pids, crm_pid, {
+                database_name(ledger_url): "ledger", database_name(crm_url): "crm"},
+                own_roles=("ledger",))
+
+            def box() -> meter.Meter:
+                assert meter_url is not None
+                return meter.Meter(meter_url, bootstrap, side)
+
             def around_burst() -> AbstractContextManager[Any]:
                 if profile_to is None:
                     return nullcontext()
@@ -90,7 +104,8 @@ def run(bootstrap: str, ledger_url: str, crm_url: str, logs: Path, *, burst_size
 
             result = workload.measure(target, burst_size=burst_size, steady_s=steady_s,
                                       timeout=timeout, processes=ours, slow=slow_provider(p.crm),
-                                      around_burst=around_burst)
+                                      around_burst=around_burst,
+                                      box=box if meter_url else None)
             result["crm_cpu_s"] = {n: round(c - before.get(n, 0.0), 1)
                                    for n, c in crm_cpu.cpu().items()}
             if curve_s > 0:

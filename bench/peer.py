@@ -21,7 +21,7 @@ from agentledger.testing import ledger as testing_ledger
 from agentledger.testing import processes
 from agentledger.testing.crm import run_crm
 from agentledger.testing.polling import wait_until
-from bench import databases, e2e, procstats, workload
+from bench import databases, e2e, meter, procstats, workload
 
 INSTANCES = 2
 FINISHED_SQL = (
@@ -75,7 +75,8 @@ def run(bootstrap: str, dbs: databases.Databases, logs: Path, *, burst_size: int
     databases.admin_exec(app_db, INTENT_TABLE)
     try:
         with ExitStack() as stack:
-            crm = stack.enter_context(run_crm(dbs.fresh("peer_crm"), logs, faults_enabled="true"))
+            crm_db = dbs.fresh("peer_crm")
+            crm = stack.enter_context(run_crm(crm_db, logs, faults_enabled="true"))
             tenant, customer = str(uuid.uuid4()), f"c-{tag}"
             asyncio.run(crm.customer(tenant, customer, email="ada@example.com"))
             token = asyncio.run(crm.token(tenant, "write"))
@@ -91,9 +92,15 @@ def run(bootstrap: str, dbs: databases.Databases, logs: Path, *, burst_size: int
             # Throughput with batches of BATCH records (what DBOS needs to go fast) ...
             with ExitStack() as peers:
                 pids = _start(peers, base_env, logs, bootstrap, group, batch=BATCH, tag="")
+                side = meter.Side("peer", pids, crm_pid, {
+                    e2e.database_name(system_db): "peer_system",
+                    e2e.database_name(app_db): "peer_app",
+                    e2e.database_name(crm_db): "crm"}, own_roles=("peer_system", "peer_app"))
+                meter_url = dbs.meter_url()
                 result = workload.measure(
                     target, burst_size=burst_size, steady_s=steady_s, timeout=timeout,
-                    processes=procstats.Group(pids), slow=e2e.slow_provider(crm))
+                    processes=procstats.Group(pids), slow=e2e.slow_provider(crm),
+                    box=lambda: meter.Meter(meter_url, bootstrap, side))
             # ... and latency with one record per batch, at the same offered rate: DBOS's
             # consumer waits up to 1 s to fill a batch (``consume(n, timeout=1.0)``), which
             # at the steady trickle would be most of its latency. Each figure is the peer's

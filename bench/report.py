@@ -6,10 +6,27 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench import stats
+from bench import bars, boxreport, stats
 
 # (key, unit, what it is) in the order the table shows them.
 ROWS: list[tuple[str, str, str]] = [
+    ("box_cpu_ms_per_cmd", "CPU ms", "whole box (/proc/stat) per command, our burst"),
+    ("peer_box_cpu_ms_per_cmd", "CPU ms", "whole box per command, the peer's burst"),
+    ("box_cpu_ratio_peer_to_ours", "ratio", "peer ÷ ours, whole box per command (headline)"),
+    ("box_accounted_cpu_ratio_peer_to_ours", "ratio",
+     "the same over the processes under test only (others' load left out)"),
+    ("services_cpu_ms_per_cmd", "CPU ms", "our 6 services per command, burst"),
+    ("ledger_pg_cpu_ms_per_cmd", "CPU ms",
+     "the ledger database's backends + walsender + autovacuum per command"),
+    ("kafka_cpu_ms_per_cmd", "CPU ms", "the broker per command, our burst"),
+    ("ledger_statements_per_cmd", "stmts",
+     "top-level statements on the ledger per command (BEGIN/COMMIT apart)"),
+    ("ledger_statements_all_per_cmd", "stmts", "the same with BEGIN/COMMIT"),
+    ("ledger_commits_per_cmd", "commits", "ledger database commits per command"),
+    ("wal_bytes_per_cmd", "bytes", "WAL per command, whole cluster, our burst"),
+    ("peer_wal_bytes_per_cmd", "bytes", "the same for the peer"),
+    ("decoded_changes_per_published_row", "ratio",
+     "heap changes the ledger's walsender decodes per row the relay publishes"),
     ("pg_limit_tps", "tx/s", "pgbench, seed admission tx (ledger + outbox), best of 1/8/32"),
     ("pg_limit_full_tps", "tx/s", "pgbench, every statement of the admission tx, RLS role"),
     ("admission_tps", "adm/s", "Admitter.admit in-process, best of 1/8/32 tasks"),
@@ -62,7 +79,7 @@ def _get(d: dict[str, Any] | None, *path: str) -> Any:
     return d
 
 
-def figures(details: dict[str, Any]) -> dict[str, Any]:
+def figures(details: dict[str, Any], run: dict[str, Any] | None = None) -> dict[str, Any]:
     """The headline figures from the phases' details (missing phases give None)."""
     pg, adm = details.get("pg_limit"), details.get("admission")
     svc = details.get("admission_service")
@@ -122,6 +139,9 @@ def figures(details: dict[str, Any]) -> dict[str, Any]:
     rss["admission (alone)"] = _get(svc, "admission_service", "peak_rss_mb")
     rss["relay (lag phase)"] = _get(relay, "relay_peak_rss_mb")
     f["peak_rss_mb"] = {k: v for k, v in rss.items() if v is not None}
+    f.update(boxreport.figures(details))
+    f["load_avg_start"] = _get(run, "load_avg_start")
+    f["load_avg_end"] = _get(run, "load_avg_end")
     return f
 
 
@@ -139,8 +159,12 @@ def markdown(result: dict[str, Any]) -> str:
         "# agentledger benchmark — latest run", "",
         f"{run['started_at']} · {run['duration_s']} s · commit `{run['git_commit']}`"
         f" · {run['host_cpus']} CPUs · load {run['load_avg_start']} → {run['load_avg_end']}", "",
-        "| figure | value | unit | what |", "| --- | ---: | --- | --- |",
     ]
+    lines += ["## Bars (issue 41; a benchmark, not a test)", ""]
+    lines += bars.markdown(bars.evaluate(f))
+    lines += boxreport.markdown(f, result.get("details", {}))
+    lines += ["", "## Every figure", "", "| figure | value | unit | what |",
+              "| --- | ---: | --- | --- |"]
     lines += [f"| `{k}` | {_cell(f.get(k))} | {u} | {w} |" for k, u, w in ROWS]
     lines += ["", "Peak RSS per process (MiB):", "",
               "| process | MiB |", "| --- | ---: |"]
@@ -186,7 +210,8 @@ def chart(result: dict[str, Any], out: Path) -> None:
     lat = [("relay lag", f["relay_lag_ms_p50"], f["relay_lag_ms_p99"]),
            ("e2e", f["e2e_ms_p50"], f["e2e_ms_p99"]),
            ("peer", f["peer_ms_p50"], f["peer_ms_p99"])]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [2, 1]})
+    fig, (left, right, box) = plt.subplots(1, 3, figsize=(17, 5),
+                                           gridspec_kw={"width_ratios": [2, 1, 1]})
     colours = ["#888888"] * 2 + ["#1f77b4"] * 4 + ["#ff7f0e"] * 2
     left.bar([n for n, _ in rates], [v or 0 for _, v in rates], color=colours)
     left.set_yscale("log")
@@ -202,12 +227,38 @@ def chart(result: dict[str, Any], out: Path) -> None:
     right.set_ylabel("ms")
     right.set_title("Latency")
     right.legend()
+    _box_chart(box, f)
     run = result["run"]
     fig.suptitle(f"agentledger bench · {run['started_at']} · {run['host_cpus']} CPUs, shared box",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
+
+
+def _box_chart(ax: Any, f: dict[str, Any]) -> None:
+    """Whole-box CPU per command, ours and the peer's, stacked by part."""
+    def parts(p: str) -> list[tuple[str, float]]:
+        pg, own = f.get(f"{p}pg_cpu_ms_per_cmd") or 0.0, f.get(
+            "ledger_pg_cpu_ms_per_cmd" if not p else "peer_own_pg_cpu_ms_per_cmd") or 0.0
+        return [("system's processes", f.get(f"{p}services_cpu_ms_per_cmd") or 0.0),
+                ("its Postgres DBs", own), ("other Postgres (CRM DB, background)", pg - own),
+                ("Kafka", f.get(f"{p}kafka_cpu_ms_per_cmd") or 0.0),
+                ("CRM stand-in", f.get(f"{p}crm_cpu_ms_per_cmd") or 0.0),
+                ("load generator + meter", (f.get(f"{p}loadgen_cpu_ms_per_cmd") or 0.0)
+                 + (f.get(f"{p}meter_cpu_ms_per_cmd") or 0.0)),
+                ("other processes", f.get(f"{p}box_other_cpu_ms_per_cmd") or 0.0)]
+
+    sides = [("ours", parts("")), ("peer", parts("peer_"))]
+    for i, (label, _) in enumerate(sides[0][1]):
+        bottoms = [sum(v for _, v in s[1][:i]) for s in sides]
+        ax.bar([s[0] for s in sides], [s[1][i][1] for s in sides], bottom=bottoms, label=label)
+    for x, (_, p) in enumerate(sides):
+        top = sum(v for _, v in p)
+        ax.annotate(f"{top:.2f}", (x, top), ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("CPU-ms per command (burst)")
+    ax.set_title("Whole box per command")
+    ax.legend(fontsize=7)
 
 
 def write(result: dict[str, Any], directory: Path, name: str = "latest") -> list[Path]:

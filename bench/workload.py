@@ -22,7 +22,7 @@ import psycopg2
 from confluent_kafka import Producer
 
 from agentledger.testing import identities
-from bench import procstats, stats
+from bench import boxcpu, meter, pgcounters, procstats, stats
 
 # Completions are polled, not pushed; a quarter second is far below the spans measured.
 POLL_S = 0.25
@@ -107,57 +107,79 @@ def produce(target: Target, count: int, rate: float | None = None) -> dict[str, 
     return started
 
 
-def finished(target: Target, ops: list[str]) -> dict[str, float]:
-    conn = psycopg2.connect(target.database_url)
+def _connect(target: Target) -> Any:
+    """The bench's own connection to the target's database, marked so the meter tells its
+    backend from the system's (``bench.boxcpu.pg_group``). Autocommit: a transaction would
+    add a BEGIN and a ROLLBACK per poll that pg_stat_statements cannot tell from the
+    system's; each poll is then one marked statement, and one commit the meter takes off."""
+    conn = psycopg2.connect(target.database_url, application_name=boxcpu.BENCH_APP_PREFIX)
+    conn.autocommit = True
+    return conn
+
+
+def finished(target: Target, ops: list[str], conn: Any | None = None) -> dict[str, float]:
+    own = conn is None
+    conn = conn or _connect(target)
     try:
         with conn.cursor() as cur:
-            cur.execute(target.finished_sql, (ops,))
-            return {str(op): float(at) for op, at in cur.fetchall()}
+            cur.execute(f"{pgcounters.BENCH_SQL_MARK} {target.finished_sql}", (ops,))
+            rows = cur.fetchall()
+        return {str(op): float(at) for op, at in rows}
     finally:
-        conn.close()
+        if own:
+            conn.close()
 
 
 def wait_finished(target: Target, ops: list[str], timeout: float) -> dict[str, float]:
-    """Completions of ``ops``, once all are in, the deadline passes, or progress stalls."""
+    """Completions of ``ops``, once all are in, the deadline passes, or progress stalls.
+
+    One connection for the whole wait: a connection per poll would be a backend started and
+    ended four times a second, Postgres CPU the meter could not attribute to the bench."""
     deadline = time.monotonic() + timeout
     done: dict[str, float] = {}
     progress_at = time.monotonic()
-    while time.monotonic() < deadline:
-        now_done = finished(target, ops)
-        if len(now_done) > len(done):
-            progress_at = time.monotonic()
-        done = now_done
-        if len(done) == len(ops) or time.monotonic() - progress_at > STALL_S:
-            break
-        time.sleep(POLL_S)  # polling the database for completions with a deadline
+    conn = _connect(target)
+    try:
+        while time.monotonic() < deadline:
+            now_done = finished(target, ops, conn)
+            if len(now_done) > len(done):
+                progress_at = time.monotonic()
+            done = now_done
+            if len(done) == len(ops) or time.monotonic() - progress_at > STALL_S:
+                break
+            time.sleep(POLL_S)  # polling the database for completions with a deadline
+    finally:
+        conn.close()
     return done
 
 
 def burst(target: Target, count: int, timeout: float,
-          processes: procstats.Group | None = None) -> dict[str, Any]:
-    """All proposals at once: steady-state throughput and CPU per 1,000 commands."""
-    infra = procstats.Infrastructure(target.database_url, target.bootstrap)
-    cpu_before, infra_before = (processes.cpu() if processes else {}), infra.cpu()
-    commits_before = infra.commits()
+          processes: procstats.Group | None = None,
+          box: Callable[[], meter.Meter] | None = None) -> dict[str, Any]:
+    """All proposals at once: steady-state throughput, and with ``box`` what the burst cost
+    the whole box per command (``bench.meter``; its figures under ``box``)."""
+    m = box() if box is not None else None
+    if m is not None:
+        m.quiesce()
+        m.start()
+    cpu_before = processes.cpu() if processes else {}
     started = produce(target, count)
     done = wait_finished(target, list(started), timeout)
-    cpu_after, infra_after = (processes.cpu() if processes else {}), infra.cpu()
-    commits_after = infra.commits()
+    if m is not None:
+        m.stop()
+    cpu_after = processes.cpu() if processes else {}
     first = min(started.values())
     result: dict[str, Any] = {
         "offered": count, "completed": len(done),
         "cmds_per_s": stats.rounded(stats.steady_rate(list(done.values()))),
         "wall_s": round(max(done.values()) - first, 1) if done else None,
     }
-    # What the same commands cost the shared Postgres cluster and Kafka broker (where much of
-    # a durable engine's cost lands; our figure and the peer's leave it out otherwise).
-    result["infra_cpu_s_per_1000"] = {
-        n: procstats.cpu_per_1000(infra_before, infra_after, len(done), [n]) for n in infra_after}
-    if commits_before is not None and commits_after is not None and done:
-        # Every transaction the cluster committed per command, the completion polling and
-        # the CRM's included (both sides have those). Backends report their counts when
-        # idle, within a second: over a burst of many seconds the lag is noise.
-        result["commits_per_cmd"] = round((commits_after - commits_before) / len(done), 2)
+    if m is not None:
+        result["box"] = m.report(len(done))
+        per = result["box"]["cpu_ms_per_cmd"]
+        # The names before the meter (CPU-s per 1,000 commands = CPU-ms per command).
+        result["infra_cpu_s_per_1000"] = {"postgres": per["postgres"], "kafka": per["kafka"]}
+        result["commits_per_cmd"] = result["box"]["cluster_commits_per_cmd"]
     if processes:
         result["cpu_s_per_1000"] = procstats.cpu_per_1000(cpu_before, cpu_after, len(done))
         result["cpu_s_per_1000_by_process"] = {
@@ -236,21 +258,23 @@ def measure(target: Target, *, burst_size: int, steady_s: float, timeout: float,
             processes: procstats.Group | None = None,
             slow: Callable[[bool], None] | None = None,
             around_burst: Callable[[], AbstractContextManager[Any]] = nullcontext,
+            box: Callable[[], meter.Meter] | None = None,
             ) -> dict[str, Any]:
     """Warm-up, burst, steady; then, with ``slow(True)`` armed, a second burst.
 
-    ``around_burst`` wraps the first burst (a profiler, for instance).
+    ``around_burst`` wraps the first burst (a profiler, for instance); ``box`` makes the
+    meter that measures each burst's whole-box cost.
     """
     warm = wait_finished(target, list(produce(target, 20)), timeout)
     out: dict[str, Any] = {"warmup_completed": len(warm)}
     with around_burst():
-        out["burst"] = burst(target, burst_size, timeout, processes)
+        out["burst"] = burst(target, burst_size, timeout, processes, box)
     throughput = out["burst"]["cmds_per_s"] or 10.0
     out["steady"] = steady(target, max(5.0, STEADY_SHARE * throughput), steady_s, timeout)
     if slow is not None:
         slow(True)
         try:
-            out["burst_slow_provider"] = burst(target, burst_size, timeout, processes)
+            out["burst_slow_provider"] = burst(target, burst_size, timeout, processes, box)
         finally:
             slow(False)
     if processes:
