@@ -4,7 +4,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 ENV_FILE := .local/env
 
-.PHONY: help bootstrap up down status migrate schema demo traces test test-unit test-repeat lint chaos soak hunt
+.PHONY: help bootstrap up down status migrate schema demo traces test test-unit test-repeat lint chaos soak soak-load hunt
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {name[++n] = $$1; text[n] = $$2; \
@@ -74,3 +74,7 @@ hunt: ## The lost-record hunt: restart a private broker under the relay RUNS tim
 soak: ## Mixed load on 3 brokers + a sync standby while faults strike; checks the whole history (`make soak MINUTES=5`) → reports/soak.*
 	@AGENTLEDGER_EXTRAS=bench bash deploy/local/bootstrap.sh dev
 	@$(PY) -m tests.soak --minutes $(or $(MINUTES),5) $(if $(SEED),--seed $(SEED))
+
+soak-load: ## The soak at half the box's measured capacity for 30 min (issue 41) → docs/evidence/soak-load.json
+	@AGENTLEDGER_EXTRAS=bench bash deploy/local/bootstrap.sh dev
+	@$(PY) -m tests.soak --minutes $(or $(MINUTES),30) --load-share $(or $(SHARE),0.5) $(if $(SEED),--seed $(SEED)) --evidence docs/evidence/soak-load.json

@@ -27,7 +27,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="where soak.json, soak.png and soak/history.jsonl go")
     parser.add_argument("--faults", default="", help="only these fault kinds, comma-separated "
                         "(e.g. pause:executor-billing:before-call); default: every kind")
+    parser.add_argument("--load-share", type=float, default=None,
+                        help="the soak at load: measure the box's burst capacity on the soak's "
+                        "stack first, then propose at this share of it (e.g. 0.5)")
+    parser.add_argument("--evidence", default=None,
+                        help="also write the report here, paths relative to the repository "
+                        "(e.g. docs/evidence/soak-load.json)")
     args = parser.parse_args(argv)
+    if args.load_share is not None and not 0 < args.load_share <= 1:
+        parser.error("--load-share is a share of the capacity: more than 0, at most 1")
     kinds = tuple(k for k in args.faults.split(",") if k)
     unknown = sorted(set(kinds) - {f.kind for f in faults.REGISTRY})
     if unknown:
@@ -36,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
     signal.signal(signal.SIGTERM, _interrupt)
     print(f"soak: {args.minutes} min, seed {seed}", flush=True)
-    code = runner.run(args.minutes, seed, Path(args.out), kinds)
+    code = runner.run(args.minutes, seed, Path(args.out), kinds, load_share=args.load_share,
+                      evidence=None if args.evidence is None else Path(args.evidence))
     print(f"soak: {'every invariant held' if code == 0 else 'INVARIANTS VIOLATED'} "
           f"(reports in {args.out})", flush=True)
     return code

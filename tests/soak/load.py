@@ -15,18 +15,22 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import uuid
 from typing import Any
 
 import asyncpg
 import httpx
-from confluent_kafka import KafkaError
+import psycopg2
+from confluent_kafka import KafkaError, Producer
 
 from agentledger import errors
 from agentledger.approvals import repository as approvals
+from agentledger.contracts import commands
 from agentledger.policy import allowlist
 from agentledger.policy import repository as policy_repo
 from agentledger.testing.pipeline import Pipeline
+from agentledger.testing.polling import wait_until
 from tests.chaos import harness
 from tests.soak.history import History
 from tests.soak.worker import Worker
@@ -53,8 +57,12 @@ def invoice_of(op: uuid.UUID | str) -> str:
 
 
 class Load(Worker):
-    def __init__(self, p: Pipeline, history: History, seed: int) -> None:
+    def __init__(self, p: Pipeline, history: History, seed: int,
+                 rate: float | None = None) -> None:
         self.p, self.history = p, history
+        # Proposals per second on a fixed schedule (the soak at load), sent without waiting
+        # for each acknowledgement; None: one at a time, PAUSE_S apart (the default soak).
+        self.rate = rate
         self.rng = random.Random(f"load:{seed}")
         self.errors: list[str] = []
         self._revisions: list[str] = []  # every revision of the record seen, oldest first
@@ -63,6 +71,12 @@ class Load(Worker):
     def _run(self) -> None:
         # Destroyed only here, with nothing in flight (librdkafka #4605).
         producer = self.p.producer()
+        if self.rate is not None:
+            try:
+                self._paced(producer)
+            finally:
+                producer.flush(30)
+            return
         n = 0
         try:
             while not self._stop.is_set():
@@ -101,6 +115,34 @@ class Load(Worker):
         finally:
             producer.flush(30)
 
+    def _paced(self, producer: Producer) -> None:
+        """Proposals on a fixed schedule, ``rate`` per second: each is recorded when Kafka
+        answers it (acknowledged or not); a producer queue filled by a broker outage holds
+        the schedule back rather than dropping a proposal."""
+        assert self.rate is not None
+        start, n = self.history.now(), 0
+        try:
+            while not self._stop.is_set():
+                n += 1
+                # The schedule: proposal n leaves at start + n/rate (pacing, not a condition).
+                self._stop.wait(max(0.0, start + n / self.rate - self.history.now()))
+                action = self.rng.choices([a for a, _ in MIX], [w for _, w in MIX])[0]
+                op = uuid.uuid4()
+                try:
+                    arguments, revision, facts = self._arguments(action, n, op)
+                except httpx.HTTPError as exc:
+                    self.history.append("phase", name="load_skipped", action=action,
+                                        error=repr(exc)[:200])
+                    continue
+                _, record = self.p.proposal(action, arguments, operation_id=op,
+                                            expected_revision=revision,
+                                            envelope_ttl_s=harness.ENVELOPE_TTL_S)
+                produce(producer, self.history, record, op=op, action=action, facts=facts,
+                        stop=self._stop)
+        except Exception as exc:  # reported in the soak's result, never swallowed
+            self.errors.append(repr(exc))
+            self.history.append("phase", name="load_failed", error=repr(exc))
+
     def _arguments(self, action: str, n: int, op: uuid.UUID
                    ) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
         if action == NOTE:
@@ -127,6 +169,61 @@ class Load(Worker):
         if revision not in self._revisions:
             self._revisions.append(revision)
         return revision
+
+
+def produce(producer: Producer, history: History, record: dict[str, Any], *, op: uuid.UUID,
+            action: str, facts: dict[str, Any], stop: threading.Event | None = None) -> None:
+    """Hand one proposal to the producer; its ``proposal`` history record is written when
+    Kafka answers it. A full queue (a broker away) waits for room, never drops it."""
+    sent = history.now()
+
+    def delivered(err: KafkaError | None, _msg: object) -> None:
+        history.append("proposal", operation_id=str(op), action=action, facts=facts,
+                       sent_t=round(sent, 3), acked=err is None,
+                       error=None if err is None else str(err))
+    while True:
+        try:
+            producer.produce(**record, on_delivery=delivered)
+            break
+        except BufferError:
+            producer.poll(0.5)  # serves answers, which frees room
+            if stop is not None and stop.is_set():
+                history.append("proposal", operation_id=str(op), action=action, facts=facts,
+                               sent_t=round(sent, 3), acked=False, error="not sent: stopping")
+                return
+    producer.poll(0)
+
+
+def capacity(p: Pipeline, history: History, n: int, timeout_s: float) -> float:
+    """The box's burst capacity on this stack: ``n`` notes proposed at once, then the time
+    until every one is terminal in the ledger; proposals per second. The burst is part of the
+    soak's history (the checker holds them to every invariant, like the rest)."""
+    producer = p.producer()
+    ops = []
+    first = history.now()
+    history.append("phase", name="capacity_burst", n=n)
+    for i in range(n):
+        op = uuid.uuid4()
+        body = f"capacity note {i}"
+        _, record = p.proposal(NOTE, {"body": body}, operation_id=op,
+                               envelope_ttl_s=harness.ENVELOPE_TTL_S)
+        produce(producer, history, record, op=op, action=NOTE, facts={"body_len": len(body)})
+        ops.append(str(op))
+    producer.flush(60)
+
+    def finished() -> int:
+        with psycopg2.connect(p.database_url, connect_timeout=5) as conn, conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM agent_command WHERE operation_id = ANY(%s::uuid[]) "
+                        "AND state = ANY(%s)", (ops, sorted(commands.TERMINAL_STATES)))
+            return int(cur.fetchone()[0])
+    done = wait_until(lambda: finished() == n, timeout=timeout_s, interval=0.2)
+    elapsed = history.now() - first
+    if not done:
+        raise AssertionError(f"the capacity burst of {n} notes did not finish in {timeout_s} s")
+    rate = n / elapsed
+    history.append("phase", name="capacity_measured", n=n, seconds=round(elapsed, 3),
+                   per_s=round(rate, 2))
+    return rate
 
 
 class Approver(Worker):

@@ -60,6 +60,61 @@ def summary(*, minutes: float, seed: int, history: list[dict[str, Any]],
     }
 
 
+def settled_state(state: str) -> bool:
+    """Terminal, or ``unknown`` (recorded in doubt: no worker holds it any more)."""
+    return state in checker.TERMINAL or state == "unknown"
+
+
+def recovery(history: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per fault kind, what a fault cost the commands it caught: those in flight at some time
+    while it was in place (admitted before its heal and not terminal or in doubt when it
+    struck), and the seconds after the heal until the last of them was terminal or in doubt
+    (0 when all were before the heal). ``never``: instances after which one never was."""
+    timeline: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for r in history:
+        if r["kind"] == "state":
+            timeline[r["operation_id"]].append((r["t"], r["state"]))
+    for states in timeline.values():
+        states.sort()
+    per_kind: dict[str, list[tuple[int, float | None]]] = defaultdict(list)
+    struck: dict[str, float] = {}
+    for r in history:
+        if r["kind"] != "fault":
+            continue
+        if r["phase"] == "struck":
+            struck[r["fault"]] = r["t"]
+        if r["phase"] != "healed" or r["fault"] not in struck:
+            continue
+        began, healed = struck.pop(r["fault"]), r["t"]
+        longest: float | None = 0.0
+        caught = 0
+        for states in timeline.values():
+            if states[0][0] > healed:
+                continue  # admitted after the heal
+            at_strike = [state for t, state in states if t <= began]
+            if at_strike and settled_state(at_strike[-1]):
+                continue  # done before the fault struck
+            caught += 1
+            done = next((t for t, state in states if t > began and settled_state(state)), None)
+            if done is None:
+                longest = None
+            elif longest is not None:
+                longest = max(longest, done - healed)
+        per_kind[r["fault"]].append((caught, longest))
+    out: dict[str, dict[str, Any]] = {}
+    for kind, runs in sorted(per_kind.items()):
+        seconds = sorted(s for _, s in runs if s is not None)
+        out[kind] = {
+            "instances": len(runs),
+            "commands_caught_max": max(c for c, _ in runs),
+            "seconds_after_heal_max": round(seconds[-1], 1) if seconds else None,
+            "seconds_after_heal_median": (round(seconds[len(seconds) // 2], 1)
+                                          if seconds else None),
+            "never": sum(1 for _, s in runs if s is None),
+        }
+    return out
+
+
 def outcomes(history: list[dict[str, Any]], snap: checker.Snapshot) -> dict[str, tuple[str, str]]:
     """Operation id → (action, how it ended) for every proposal of the history."""
     refused = {r["operation_id"]: f"{r['status']}:{r.get('reason_code')}" for r in history

@@ -5,6 +5,7 @@ the final snapshot, and the report is written.
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import tempfile
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentledger import settings
 from agentledger.testing.pipeline import Pipeline
 from agentledger.testing.polling import wait_until
 from tests.chaos import harness
@@ -128,8 +130,17 @@ def settle(p: Pipeline, history: History, poller: observe.LedgerPoller,
     return ok
 
 
-def run(minutes: float, seed: int, out: Path, kinds: tuple[str, ...] = ()) -> int:
-    """One soak; the exit code: 0 when every invariant held."""
+# The capacity burst before a soak at load: notes proposed at once, and its bound.
+CAPACITY_N = 400
+CAPACITY_TIMEOUT_S = 300.0
+
+
+def run(minutes: float, seed: int, out: Path, kinds: tuple[str, ...] = (), *,
+        load_share: float | None = None, evidence: Path | None = None) -> int:
+    """One soak; the exit code: 0 when every invariant held. ``load_share``: the soak at load —
+    the box's burst capacity is measured on the soak's own stack first, then the load runs
+    at that share of it; ``evidence``: also write the report there (paths relative to the
+    repository, with the rate, the capacity and the recovery after each fault kind)."""
     history = History(out / "soak" / "history.jsonl")
     logs = Path(tempfile.mkdtemp(prefix="al-soak-logs-"))
     started = time.monotonic()
@@ -142,12 +153,23 @@ def run(minutes: float, seed: int, out: Path, kinds: tuple[str, ...] = ()) -> in
         p = s.p
         history.append("phase", name="stack_ready", ns=p.ns, tenant=p.tenant)
         poller, watcher = observe.LedgerPoller(p, history), observe.TopicWatcher(p, history)
-        traffic = load.Load(p, history, seed)
         approver = load.Approver(p, history, seed)
+        capacity_per_s = rate = None
+        if load_share is not None:
+            for part in (poller, watcher):
+                part.start()
+            capacity_per_s = load.capacity(p, history, CAPACITY_N, CAPACITY_TIMEOUT_S)
+            rate = load_share * capacity_per_s
+            print(f"soak: capacity {capacity_per_s:.1f}/s, load {rate:.1f}/s", flush=True)
+        traffic = load.Load(p, history, seed, rate=rate)
         scheduler = Scheduler(faults.Target(p, s.cluster, s.pair, s.crm_ns), history, seed,
                               until=time.monotonic() + minutes * 60, kinds=kinds)
-        for part in (poller, watcher, approver, traffic, scheduler):
+        parts: list[Worker] = [approver, traffic, scheduler]
+        if load_share is None:  # else the observers started before the capacity burst
+            parts = [poller, watcher, *parts]
+        for part in parts:
             part.start()
+        load_began = history.now()
         stack.callback(poller.stop)
         stack.callback(watcher.stop)
         stack.callback(approver.stop, 60)
@@ -158,6 +180,7 @@ def run(minutes: float, seed: int, out: Path, kinds: tuple[str, ...] = ()) -> in
         scheduler.stop()
         history.append("phase", name="faults_stopped")
         traffic.stop(600)
+        load_seconds = history.now() - load_began
         history.append("phase", name="load_stopped")
         acked = {str(r["operation_id"]) for r in history_mod.load(history.path)
                  if r["kind"] == "proposal" and r["acked"]}
@@ -174,10 +197,44 @@ def run(minutes: float, seed: int, out: Path, kinds: tuple[str, ...] = ()) -> in
                      load_intact=not traffic.errors,
                      seconds=time.monotonic() - started, logs={
                          n: svc.tail(20) for n, svc in p.services.items()})
+        if evidence is not None:
+            write_evidence(evidence, data, records, load_began=load_began,
+                           load_seconds=load_seconds,
+                           capacity_per_s=capacity_per_s, rate=rate, load_share=load_share)
         if not data["ok"]:
             keep_evidence(out / "soak" / "evidence", logs, s.cluster.base)
     return 0 if data["ok"] else 1
 
+
+
+def write_evidence(path: Path, data: dict[str, Any], records: list[dict[str, Any]], *,
+                   load_began: float, load_seconds: float, capacity_per_s: float | None,
+                   rate: float | None, load_share: float | None) -> None:
+    """The soak's report for docs/evidence: the offered and admitted rates beside the box's
+    measured capacity, and per fault kind how long the commands it caught took to finish."""
+    # Admitted per second over the load alone (the capacity burst before it is not counted).
+    during = {r["operation_id"] for r in records
+              if r["kind"] == "proposal" and r.get("acked") and r["sent_t"] >= load_began}
+    admitted = len(during & {r["operation_id"] for r in records if r["kind"] == "state"})
+    root = settings.REPO_ROOT
+
+    def relative(value: Any) -> Any:
+        text = str(value)
+        return text.replace(str(root) + "/", "") if text.startswith(str(root)) else value
+    evidence = {
+        "seconds": data["seconds"],
+        "load_seconds": round(load_seconds),
+        "capacity_per_s": None if capacity_per_s is None else round(capacity_per_s, 2),
+        "load_share": load_share,
+        "offered_per_s": None if rate is None else round(rate, 2),
+        "rate_per_s": round(admitted / load_seconds, 2) if load_seconds else None,
+        "admitted_during_load": admitted,
+        "recovery_by_fault_kind": report.recovery(records),
+        **{k: v for k, v in data.items() if k not in ("seconds", "service_logs")},
+    }
+    evidence["history"] = relative(evidence["history"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(evidence, indent=2, default=str) + "\n")
 
 
 def keep_evidence(dest: Path, logs: Path, kafka_base: Path) -> None:

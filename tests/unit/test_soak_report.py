@@ -39,3 +39,30 @@ def test_a_soak_whose_load_died_is_not_ok_even_with_every_invariant_held() -> No
     assert report.summary(**fields)["ok"] is True
     died = report.summary(**fields, load_intact=False)
     assert (died["ok"], died["load_intact"]) == (False, False)
+
+
+def test_recovery_times_the_commands_a_fault_caught_until_the_last_is_terminal_again() -> None:
+    history: list[dict[str, Any]] = [
+        {"t": 1.0, "kind": "state", "operation_id": "a", "state": "pending"},
+        {"t": 1.5, "kind": "state", "operation_id": "b", "state": "dispatching"},
+        {"t": 2.0, "kind": "state", "operation_id": "c", "state": "succeeded"},  # done before
+        {"t": 3.0, "kind": "fault", "phase": "struck", "fault": "kill:relay"},
+        {"t": 4.0, "kind": "state", "operation_id": "e", "state": "pending"},  # during
+        {"t": 5.0, "kind": "state", "operation_id": "e", "state": "succeeded"},
+        {"t": 10.0, "kind": "fault", "phase": "healed", "fault": "kill:relay"},
+        {"t": 11.0, "kind": "state", "operation_id": "d", "state": "pending"},  # after the heal
+        {"t": 12.0, "kind": "state", "operation_id": "a", "state": "succeeded"},
+        {"t": 14.5, "kind": "state", "operation_id": "b", "state": "unknown"},  # in doubt: done
+        {"t": 20.0, "kind": "fault", "phase": "struck", "fault": "kill:relay"},
+        {"t": 21.0, "kind": "fault", "phase": "healed", "fault": "kill:relay"},  # d never ends
+        {"t": 29.0, "kind": "fault", "phase": "struck", "fault": "broker:stop"},
+        {"t": 30.0, "kind": "fault", "phase": "healed", "fault": "broker:stop"},
+    ]
+    assert report.recovery(history) == {
+        "broker:stop": {"instances": 1, "commands_caught_max": 1,
+                        "seconds_after_heal_max": None,
+                        "seconds_after_heal_median": None, "never": 1},
+        "kill:relay": {"instances": 2, "commands_caught_max": 3,
+                       "seconds_after_heal_max": 4.5,
+                       "seconds_after_heal_median": 4.5, "never": 1},
+    }
