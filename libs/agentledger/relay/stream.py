@@ -268,6 +268,7 @@ class Relay:
         waiting = repository.invisible(ctrl, xids)
         if not waiting:
             return
+        held = set(waiting)
         started = time.monotonic()
         deadline, pause, noticed = started + self.opts.visibility_timeout, 0.005, False
         while time.monotonic() < deadline:
@@ -275,7 +276,7 @@ class Relay:
             waiting = repository.invisible(ctrl, sorted(waiting))
             if not waiting:
                 if noticed:
-                    log.info("event=relay.visible xids=%s waited_ms=%d", _xids(xids),
+                    log.info("event=relay.visible xids=%s waited_ms=%d", _xids(held),
                              (time.monotonic() - started) * 1000)
                 return
             if not noticed and time.monotonic() - started >= VISIBILITY_NOTICE_S:
@@ -403,11 +404,9 @@ class Relay:
                  s.backstop.passes)
 
 
-def _xids(xids: list[int] | set[int]) -> str:
-    """Up to ten xids for a log line, and how many more."""
-    ordered = sorted(xids)
-    more = f"+{len(ordered) - 10}" if len(ordered) > 10 else ""
-    return ",".join(map(str, ordered[:10])) + more
+def _xids(xids: set[int]) -> str:
+    """Xids for a log line, comma-separated (only the ones waited for: normally a few)."""
+    return ",".join(map(str, sorted(xids)))
 
 
 def _fmt_lsn(lsn: int) -> str:
