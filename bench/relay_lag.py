@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -122,7 +123,8 @@ async def _admit_steadily(url: str, rate: float, seconds: float) -> tuple[int, f
         return admitted, time.monotonic() - start
 
 
-def run(*, seconds: float, rate: float, database_url: str | None = None) -> dict[str, Any]:
+def run(*, seconds: float, rate: float, database_url: str | None = None,
+        linger_ms: int | None = None) -> dict[str, Any]:
     """Measure relay lag; returns the figures as a dict.
 
     Args:
@@ -130,6 +132,7 @@ def run(*, seconds: float, rate: float, database_url: str | None = None) -> dict
         rate: commands per second.
         database_url: a fresh migrated database to use; by default one is created (and
             dropped) on the server of AGENTLEDGER_DATABASE_URL.
+        linger_ms: the relay producer's ``linger.ms`` (the product's default when ``None``).
     """
     common = settings.load()
     name: str | None = None
@@ -144,6 +147,8 @@ def run(*, seconds: float, rate: float, database_url: str | None = None) -> dict
         database_url=url, kafka_bootstrap=common.kafka_bootstrap,
         slot=f"bench_{tag}", topic_namespace=f"bench{tag}.",
     )
+    if linger_ms is not None:
+        opts = dataclasses.replace(opts, linger_ms=linger_ms)
     ctx = mp.get_context("spawn")
     stop, ready, measuring = ctx.Event(), ctx.Event(), ctx.Event()
     receive, send = ctx.Pipe(duplex=False)
@@ -206,6 +211,7 @@ def run(*, seconds: float, rate: float, database_url: str | None = None) -> dict
         # (at 1,000/s offered the in-process writer, not the relay, bounds rows per second).
         "relay_records_per_s": round(len(samples) / (elapsed + drain_s), 1) if rows else None,
         "drain_s": round(drain_s, 2),
+        "relay_linger_ms": opts.linger_ms,
         "relay_peak_rss_mb": peak_rss,
         "host_cpus": os.cpu_count(),
     }
@@ -215,8 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--rate", type=float, default=200.0, help="commands per second")
+    parser.add_argument("--linger-ms", type=int, default=None,
+                        help="the relay producer's linger.ms (default: the product's)")
     args = parser.parse_args(argv)
-    result = run(seconds=args.seconds, rate=args.rate)
+    result = run(seconds=args.seconds, rate=args.rate, linger_ms=args.linger_ms)
     print(json.dumps(result))
     return 0 if result["acknowledged"] >= result["rows"] else 1
 
