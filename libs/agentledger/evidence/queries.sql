@@ -34,7 +34,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9);
 -- name: publish_checkpoint --
 -- On the audit topic (the relay publishes it); not copied into audit_event (migration 0050).
 INSERT INTO event_outbox (tenant_id, operation_id, aggregatetype, aggregateid, type, payload)
-VALUES ($1, NULL, 'audit', $1::text, 'log.checkpoint', $2::jsonb);
+VALUES ($1::uuid, NULL, 'audit', $1::uuid::text, 'log.checkpoint', $2::jsonb);
 
 -- name: advance_cursor --
 UPDATE audit_notary_cursor SET last_seq = $1;
