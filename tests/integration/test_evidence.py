@@ -109,7 +109,7 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 async def test_a_receipt_verifies_offline_and_every_edited_byte_is_refused(
         world: World, notary_conn: asyncpg.Connection, auditor: asyncpg.Connection,
-        key_dir: Path, tmp_path: Path) -> None:
+        key_dir: Path, tmp_path: Path, database_url: str) -> None:
     t = await world.tenant()
     await note(world, t, "a first note")
     op = await lost_refund_resolved(world, t)
@@ -142,6 +142,15 @@ async def test_a_receipt_verifies_offline_and_every_edited_byte_is_refused(
     (tmp_path / "jwks.json").write_text(json.dumps(keys.jwks(key_dir)))
     ok = run_cli("evidence", "verify", "receipt.json", "--jwks", "jwks.json", cwd=tmp_path)
     assert ok.returncode == 0 and "verified" in ok.stdout, ok.stdout + ok.stderr
+
+    # `explain --jwks` says the operation's evidence verifies.
+    env = {**os.environ, "AGENTLEDGER_DATABASE_URL": database_url}
+    shown = await asyncio.to_thread(
+        subprocess.run, [str(settings.REPO_ROOT / ".venv/bin/agentledger"), "explain", str(op),
+                         "--tenant", str(t.tenant_id), "--jwks", "jwks.json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert f"evidence  verified: {len(doc['leaves'])} events" in shown.stdout, shown.stdout
 
     # Every single byte changed: refused, every time.
     for i in range(len(data)):
@@ -218,6 +227,18 @@ async def test_verify_chain_names_the_row_a_superuser_edited_deleted_or_swapped(
         f"WHERE seq = {victim}")
     assert edited.field == f"log position 5 (seq {victim})", edited.message
     assert "content was edited" in edited.message
+    # what `explain --jwks` says of that operation while the row is edited
+    victim_op = await db.fetchval("SELECT operation_id FROM audit_event WHERE seq = $1", victim)
+    with pytest.raises(Rollback):
+        async with db.transaction():
+            await db.execute("SET LOCAL session_replication_role = replica")
+            await db.execute("UPDATE audit_event SET payload = payload || '{\"kind\": \"x\"}' "
+                             "WHERE seq = $1", victim)
+            said = await receipt.status(db, t.tenant_id, victim_op, trusted(key_dir))
+            assert said.startswith("BROKEN at log position 5"), said
+            raise Rollback
+    assert (await receipt.status(auditor, t.tenant_id, victim_op, trusted(key_dir))
+            ).startswith("verified: 3 events")
     deleted = await refused(f"DELETE FROM audit_event WHERE seq = {victim}")
     assert deleted.field == f"log position 5 (seq {victim})", deleted.message
     assert "gone" in deleted.message
@@ -242,7 +263,7 @@ async def test_verify_chain_names_the_row_a_superuser_edited_deleted_or_swapped(
 
 async def test_checkpoints_by_another_key_or_disagreeing_about_the_past_are_refused(
         world: World, notary_conn: asyncpg.Connection, auditor: asyncpg.Connection,
-        db: asyncpg.Connection, key_dir: Path, tmp_path: Path) -> None:
+        db: asyncpg.Connection, key_dir: Path, tmp_path: Path, database_url: str) -> None:
     t = await world.tenant()
     signer = keys.load_signer(key_dir)
     worker = notary.Notary(signer)
@@ -262,6 +283,21 @@ async def test_checkpoints_by_another_key_or_disagreeing_about_the_past_are_refu
         await chain.verify_chain(auditor, t.tenant_id, trusted(other))
     assert refused.value.field == "checkpoint at tree size 3"
     assert "trusted keys do not hold" in refused.value.message
+    # the same through the command line
+    (tmp_path / "jwks.json").write_text(json.dumps(keys.jwks(key_dir)))
+    (tmp_path / "other.json").write_text(json.dumps(keys.jwks(other)))
+
+    def verify_chain_cli(jwks: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(settings.REPO_ROOT / ".venv/bin/agentledger"), "evidence", "verify-chain",
+             "--tenant", str(t.tenant_id), "--jwks", jwks], cwd=tmp_path,
+            env={**os.environ, "AGENTLEDGER_DATABASE_URL": database_url}, capture_output=True,
+            text=True, timeout=60, check=False)
+
+    ok = await asyncio.to_thread(verify_chain_cli, "jwks.json")
+    assert ok.returncode == 0 and "verified: 6 entries, 2 checkpoints" in ok.stdout, ok.stdout
+    bad = await asyncio.to_thread(verify_chain_cli, "other.json")
+    assert bad.returncode == 2 and "checkpoint at tree size 3" in bad.stdout, bad.stdout
 
     async def forged(cp: checkpoint.Checkpoint, *, replace: bool) -> errors.EvidenceInvalid:
         with pytest.raises(Rollback):

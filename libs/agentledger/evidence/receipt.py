@@ -350,3 +350,27 @@ def verify(data: bytes, trusted: Mapping[str, ed25519.Ed25519PublicKey]) -> Veri
                       min(len(data), len(canon)))
         raise _fail("(file)", f"not in canonical form from byte {offset}: the file was edited")
     return Verified(tenant, operation, len(events), cp, bound is not None)
+
+
+async def status(conn: ledger.Conn, tenant_id: UUID, operation_id: UUID,
+                 trusted: Mapping[str, ed25519.Ed25519PublicKey] | None) -> str:
+    """One line for ``explain``: whether the operation's evidence verifies — its receipt is
+    built and verified as an auditor would (without the bound fields)."""
+    try:
+        built = await export(conn, tenant_id, operation_id)
+    except errors.EvidencePending as exc:
+        return f"pending: {exc.message}"
+    except errors.EvidenceInvalid as exc:
+        return f"BROKEN at {exc.field}: {exc.message}"
+    except errors.CommandNotFound:
+        return "no audit event"
+    if trusted is None:
+        return (f"{len(built.receipt['leaves'])} events in the log; signatures not checked "
+                "(pass --jwks)")
+    try:
+        found = verify(built.to_bytes(), trusted)
+    except errors.EvidenceInvalid as exc:
+        return f"BROKEN at {exc.field}: {exc.message}"
+    return (f"verified: {found.events} events under the checkpoint of tree size "
+            f"{found.checkpoint.tree_size} signed by {found.checkpoint.key_id} at "
+            f"{found.checkpoint.time}")
