@@ -15,7 +15,7 @@
 -- 3.2.2.3): integers of the safe range as digits; anything else through the shortest
 -- round-trip digits of the double (PostgreSQL's float8 output) laid out the way ES6 does.
 CREATE FUNCTION agentledger_jcs_number(n numeric) RETURNS text
-LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 DECLARE
   s text;
@@ -69,26 +69,37 @@ END $$;
 -- does (PostgreSQL's JSON escaping is the same: \b \f \n \r \t \" \\ and \u00xx below 0x20);
 -- object members are sorted by code point, which is RFC 8785's UTF-16 order for every key
 -- that does not mix characters above U+FFFF with characters U+E000..U+FFFF.
+-- No SET search_path on these three (a SET makes every call save and restore settings, and
+-- the recursion calls often): they run no privileged code, and call each other by
+-- schema-qualified name. Scalars are written in place (a jsonb string, true, false, null and an integer of at most
+-- 15 digits print canonically already); only containers and other numbers recurse:
+-- an audit payload is mostly scalars, and a call costs more than the text it makes.
 CREATE FUNCTION agentledger_jcs(v jsonb) RETURNS text
-LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, public
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
 DECLARE
   out text;
 BEGIN
   CASE jsonb_typeof(v)
   WHEN 'object' THEN
-    SELECT '{' || coalesce(string_agg(to_json(key)::text || ':' || agentledger_jcs(value), ','
-                                      ORDER BY key COLLATE "C"), '') || '}'
+    SELECT '{' || coalesce(string_agg(
+             to_json(key)::text || ':' ||
+             CASE WHEN jsonb_typeof(value) IN ('object', 'array')
+                    OR (jsonb_typeof(value) = 'number' AND value::text !~ '^-?[0-9]{1,15}$')
+                  THEN public.agentledger_jcs(value) ELSE value::text END,
+             ',' ORDER BY key COLLATE "C"), '') || '}'
     INTO out FROM jsonb_each(v);
   WHEN 'array' THEN
-    SELECT '[' || coalesce(string_agg(agentledger_jcs(value), ',' ORDER BY i), '') || ']'
+    SELECT '[' || coalesce(string_agg(
+             CASE WHEN jsonb_typeof(value) IN ('object', 'array')
+                    OR (jsonb_typeof(value) = 'number' AND value::text !~ '^-?[0-9]{1,15}$')
+                  THEN public.agentledger_jcs(value) ELSE value::text END,
+             ',' ORDER BY i), '') || ']'
     INTO out FROM jsonb_array_elements(v) WITH ORDINALITY AS a (value, i);
-  WHEN 'string' THEN
-    out := to_json(v #>> '{}')::text;
   WHEN 'number' THEN
-    out := agentledger_jcs_number((v #>> '{}')::numeric);
+    out := public.agentledger_jcs_number(v::text::numeric);
   ELSE
-    out := v::text;  -- true, false, null
+    out := v::text;  -- a string (jsonb prints it escaped as JSON), true, false, null
   END CASE;
   RETURN out;
 END $$;
@@ -98,9 +109,9 @@ END $$;
 CREATE FUNCTION agentledger_audit_leaf_hash(
   p_event_id uuid, p_tenant uuid, p_operation uuid, p_type text, p_payload jsonb,
   p_traceparent text, p_recorded_at timestamptz) RETURNS bytea
-LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, public
+LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
-  SELECT sha256('\x00'::bytea || convert_to(agentledger_jcs(jsonb_build_object(
+  SELECT sha256('\x00'::bytea || convert_to(public.agentledger_jcs(jsonb_build_object(
     'v', 1,
     'event_id', p_event_id::text,
     'tenant_id', p_tenant::text,

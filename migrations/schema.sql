@@ -53,9 +53,8 @@ END $$;
 
 CREATE FUNCTION public.agentledger_audit_leaf_hash(p_event_id uuid, p_tenant uuid, p_operation uuid, p_type text, p_payload jsonb, p_traceparent text, p_recorded_at timestamp with time zone) RETURNS bytea
     LANGUAGE sql STABLE PARALLEL SAFE
-    SET search_path TO 'pg_catalog', 'public'
     AS $$
-  SELECT sha256('\x00'::bytea || convert_to(agentledger_jcs(jsonb_build_object(
+  SELECT sha256('\x00'::bytea || convert_to(public.agentledger_jcs(jsonb_build_object(
     'v', 1,
     'event_id', p_event_id::text,
     'tenant_id', p_tenant::text,
@@ -314,28 +313,33 @@ ALTER FUNCTION public.agentledger_expire_approvals(max_rows integer) OWNER TO ag
 
 CREATE FUNCTION public.agentledger_jcs(v jsonb) RETURNS text
     LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
-    SET search_path TO 'pg_catalog', 'public'
-    AS $$
+    AS $_$
 DECLARE
   out text;
 BEGIN
   CASE jsonb_typeof(v)
   WHEN 'object' THEN
-    SELECT '{' || coalesce(string_agg(to_json(key)::text || ':' || agentledger_jcs(value), ','
-                                      ORDER BY key COLLATE "C"), '') || '}'
+    SELECT '{' || coalesce(string_agg(
+             to_json(key)::text || ':' ||
+             CASE WHEN jsonb_typeof(value) IN ('object', 'array')
+                    OR (jsonb_typeof(value) = 'number' AND value::text !~ '^-?[0-9]{1,15}$')
+                  THEN public.agentledger_jcs(value) ELSE value::text END,
+             ',' ORDER BY key COLLATE "C"), '') || '}'
     INTO out FROM jsonb_each(v);
   WHEN 'array' THEN
-    SELECT '[' || coalesce(string_agg(agentledger_jcs(value), ',' ORDER BY i), '') || ']'
+    SELECT '[' || coalesce(string_agg(
+             CASE WHEN jsonb_typeof(value) IN ('object', 'array')
+                    OR (jsonb_typeof(value) = 'number' AND value::text !~ '^-?[0-9]{1,15}$')
+                  THEN public.agentledger_jcs(value) ELSE value::text END,
+             ',' ORDER BY i), '') || ']'
     INTO out FROM jsonb_array_elements(v) WITH ORDINALITY AS a (value, i);
-  WHEN 'string' THEN
-    out := to_json(v #>> '{}')::text;
   WHEN 'number' THEN
-    out := agentledger_jcs_number((v #>> '{}')::numeric);
+    out := public.agentledger_jcs_number(v::text::numeric);
   ELSE
-    out := v::text;  -- true, false, null
+    out := v::text;  -- a string (jsonb prints it escaped as JSON), true, false, null
   END CASE;
   RETURN out;
-END $$;
+END $_$;
 
 --
 -- Name: agentledger_jcs_number(numeric); Type: FUNCTION; Schema: public
@@ -343,7 +347,6 @@ END $$;
 
 CREATE FUNCTION public.agentledger_jcs_number(n numeric) RETURNS text
     LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
-    SET search_path TO 'pg_catalog'
     AS $$
 DECLARE
   s text;

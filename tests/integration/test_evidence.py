@@ -371,6 +371,8 @@ async def test_the_databases_canonical_form_is_rfc8785(db: asyncpg.Connection) -
         "", "a\"b\\c", "\b\f\n\r\t\x01\x1f\x7f", "é ☃ 😀 \u2028", "/", True, False, None,
         [], {}, [1, [2, [3, {"z": 1, "a": [None, "x"]}]]],
         {"b": 1, "a": 2, "aa": 3, "B": 4, "é": 5, "\u00ff": 6, "_": 7, "": 8},
+        {"n": 1234567890123456, "m": 123456789012345, "f": [0.5, 1e21, -0.0, 10.0, -7],
+         "s": "q\"\n\u0001é", "o": {"x": [1.25e-7, True, None, {}]}},
     ]
     for value in values:
         got = await db.fetchval("SELECT agentledger_jcs($1::jsonb)", json.dumps(value))
@@ -425,3 +427,24 @@ async def test_two_tenants_appended_concurrently_verify(
         report = await chain.verify_chain(auditor, t, trusted(key_dir))
         assert report.entries == per_tenant and report.unsequenced == 0
         assert report.checkpoints > 1
+
+
+async def test_a_notary_batch_smaller_than_the_backlog_sequences_it_all_in_order(
+        database_url: str, notary_conn: asyncpg.Connection, auditor: asyncpg.Connection,
+        key_dir: Path) -> None:
+    """A backlog larger than one cycle's batch is sequenced over several cycles, positions in
+    seq order, one checkpoint per cycle, and the log verifies."""
+    from agentledger.testing import ledger as test_ledger
+
+    tenant = uuid.uuid4()
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute("SET ROLE agentledger_admission")
+        for _ in range(25):
+            await test_ledger.admit(conn, test_ledger.new_command(tenant, "crm"))
+    finally:
+        await conn.close()
+    await notary.catch_up(notary_conn, notary.Notary(keys.load_signer(key_dir), batch=10))
+    report = await chain.verify_chain(auditor, tenant, trusted(key_dir))
+    assert (report.entries, report.unsequenced) == (25, 0)
+    assert report.checkpoints >= 3

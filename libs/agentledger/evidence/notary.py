@@ -68,9 +68,9 @@ class Notary:
             if watermark <= cursor:
                 return 0
             rows = await conn.fetch(Q["new_leaves"], cursor, watermark, self.batch)
-            if len(rows) == self.batch:  # more to come: stop at the last row read
+            if len(rows) == self.batch:  # more to come: stop at the last row read, and
+                self.pending.insert(0, (0, watermark))  # the rest is still safe next cycle
                 watermark = int(rows[-1]["seq"])
-                self.pending.insert(0, (0, int(snap["newest"])))  # still safe next cycle
             await self._append(conn, rows)
             await conn.execute(Q["advance_cursor"], watermark)
             return len(rows)
