@@ -16,8 +16,9 @@ warm-up and a ``CHECKPOINT`` so both phases pay the same full-page images; nothi
 writes to the cluster), and the load's wall time x writers / commands. Then the
 notary: one catch-up over the ``hash`` phase's rows, its CPU milliseconds per event
 (``time.process_time`` of this process, which runs only the notary then) and its WAL bytes per
-event (audit_log rows, checkpoints, outbox records, cursor); and the database's CPU for one
-leaf hash (every row's recomputed in one statement under ``EXPLAIN ANALYZE``).
+event (audit_log rows, checkpoints, outbox records, cursor); and the database backend's CPU
+for one leaf hash (every row's recomputed in one statement, CPU read from ``/proc``), against
+hashing jsonb's plain text (the same object, no RFC 8785).
 
     .venv/bin/python -m bench.evidence [--commands 2000] [--writers 4]
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 import uuid
 from pathlib import Path
@@ -110,19 +112,35 @@ async def _notary(url: str) -> dict[str, Any]:
         cpu = time.process_time() - cpu
         after = await _lsn(owner)
     checkpoints = await owner.fetchval("SELECT count(*) FROM audit_checkpoint")
-    # The database's side of the hash: recompute every row's, in one statement, timed by the
-    # server (EXPLAIN ANALYZE), per row.
-    plan = await owner.fetchval(
-        "EXPLAIN (ANALYZE, FORMAT JSON) SELECT agentledger_audit_leaf_hash(event_id, tenant_id, "
-        "operation_id, type, payload, traceparent, recorded_at) FROM audit_event")
-    top = json.loads(plan)[0]
-    rows = max(int(top["Plan"]["Actual Rows"]), 1)
+    # The database's side of the hash: every row's recomputed in one statement, three times,
+    # and the backend's own CPU time read from /proc (the server is local): with the RFC 8785
+    # form, and with jsonb's plain text instead (what building the object and hashing cost).
+    pid = await owner.fetchval("SELECT pg_backend_pid()")
+    rows = max(int(await owner.fetchval("SELECT count(*) FROM audit_event")), 1)
+
+    def backend_cpu_s() -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    async def cpu_us_per_row(expression: str) -> float:
+        started = backend_cpu_s()
+        for _ in range(3):
+            await owner.fetchval(f"SELECT count({expression}) FROM audit_event")
+        return round((backend_cpu_s() - started) * 1e6 / (3 * rows), 1)
+
+    args = "event_id, tenant_id, operation_id, type, payload, traceparent, recorded_at"
+    jcs_us = await cpu_us_per_row(f"agentledger_audit_leaf_hash({args})")
+    plain_us = await cpu_us_per_row(
+        "sha256(convert_to(jsonb_build_object('v', 1, 'event_id', event_id, 'tenant_id', "
+        "tenant_id, 'operation_id', operation_id, 'type', type, 'payload', payload, "
+        "'traceparent', traceparent, 'recorded_at', recorded_at)::text, 'UTF8'))")
     await conn.close()
     await owner.close()
     return {"events": events, "checkpoints": checkpoints,
             "cpu_ms_per_event": round(cpu * 1000 / max(events, 1), 4),
             "wal_bytes_per_event": round((after - before) / max(events, 1)),
-            "db_leaf_hash_us_per_event": round(top["Execution Time"] * 1000 / rows, 1)}
+            "db_leaf_hash_cpu_us_per_event": jcs_us,
+            "db_plain_hash_cpu_us_per_event": plain_us}
 
 
 async def _phases(plain: str, hashed: str, commands: int, writers: int) -> dict[str, Any]:
