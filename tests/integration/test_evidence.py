@@ -377,6 +377,9 @@ async def test_the_databases_canonical_form_is_rfc8785(db: asyncpg.Connection) -
     for value in values:
         got = await db.fetchval("SELECT agentledger_jcs($1::jsonb)", json.dumps(value))
         assert got.encode() == leaf.canonical_event(value), value  # type: ignore[arg-type]
+    # A number no double holds: the database still writes (a text of it), never fails.
+    assert await db.fetchval("SELECT agentledger_jcs('[1e400, -1e-400]'::jsonb)") == \
+        "[" + "1" + "0" * 400 + ",-0." + "0" * 399 + "1]"
     event = leaf.event_object(event_id=uuid.uuid4(), tenant_id=uuid.uuid4(), operation_id=None,
                               type="t", payload={"n": [1.25, 2**55], "s": "x\ny"},
                               traceparent=None, recorded_at=datetime.now(UTC))
