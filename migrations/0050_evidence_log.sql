@@ -166,11 +166,11 @@ END $$;
 ALTER FUNCTION agentledger_copy_audit_events_v3() OWNER TO agentledger_audit_writer;
 REVOKE ALL ON FUNCTION agentledger_copy_audit_events_v3() FROM PUBLIC;
 
-DROP TRIGGER audit_event_copy_v2 ON event_outbox;
+DROP TRIGGER IF EXISTS audit_event_copy_v2 ON event_outbox;
 CREATE TRIGGER audit_event_copy_v3 AFTER INSERT ON event_outbox
   REFERENCING NEW TABLE AS new_events
   FOR EACH STATEMENT EXECUTE FUNCTION agentledger_copy_audit_events_v3();
-DROP FUNCTION agentledger_copy_audit_events_v2();
+DROP FUNCTION IF EXISTS agentledger_copy_audit_events_v2();
 
 -- ------------------------------------------------------------------ the log and checkpoints
 DO $$
