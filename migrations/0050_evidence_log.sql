@@ -238,7 +238,7 @@ CREATE POLICY notary_publishes ON event_outbox FOR INSERT TO agentledger_notary
   WITH CHECK (aggregatetype = 'audit' AND type = 'log.checkpoint' AND operation_id IS NULL);
 
 -- Auditors, `evidence export` and `verify-chain` read one tenant's log and checkpoints.
-GRANT SELECT ON audit_log, audit_checkpoint TO agentledger_auditor;
+GRANT SELECT ON audit_log, audit_checkpoint, audit_notary_cursor TO agentledger_auditor;
 CREATE POLICY tenant_isolation ON audit_log FOR SELECT TO agentledger_auditor
   USING (tenant_id = agentledger_current_tenant());
 CREATE POLICY tenant_isolation ON audit_checkpoint FOR SELECT TO agentledger_auditor

@@ -1802,6 +1802,7 @@ GRANT SELECT ON TABLE public.audit_log TO agentledger_auditor;
 --
 
 GRANT SELECT,UPDATE ON TABLE public.audit_notary_cursor TO agentledger_notary;
+GRANT SELECT ON TABLE public.audit_notary_cursor TO agentledger_auditor;
 
 --
 -- Name: TABLE budget; Type: ACL; Schema: public

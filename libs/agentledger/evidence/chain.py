@@ -4,7 +4,8 @@ Four checks, in this order, each stopping at the first fault:
 
 1. positions: the log's positions run 0, 1, 2 … with increasing ``seq`` (a deleted or
    reordered position is named);
-2. rows: the tenant's audit rows, in ``seq`` order, are exactly the logged ones, and each
+2. rows: the tenant's audit rows, in ``seq`` order, are exactly the logged ones (up to the
+   notary's cursor: a row at or below it that the log lacks was inserted by hand), and each
    row's canonical form (recomputed here, in Python, independently of the database's own
    hash) hashes to its logged leaf — a row edited, deleted, inserted or moved is named by its
    position and ``seq``;
@@ -55,14 +56,19 @@ async def verify_chain(conn: ledger.Conn, tenant_id: UUID,
         errors.EvidenceInvalid: the first broken entry (``field`` names it).
     """
     async with ledger.transaction(conn, tenant_id) as tx:
+        # The cursor first: every row at or below it is in the log read after it (the log
+        # only grows), so a row there that the log lacks was put there by hand.
+        cursor = int(await tx.fetchval(Q["cursor"]) or 0)
         cps = await tx.fetch(Q["checkpoints"], tenant_id)
-        if not cps:
-            return ChainReport(tenant_id, 0, 0, 0, merkle.empty_root().hex(), 0)
-        newest = cps[-1]
         log_rows = await tx.fetch(Q["log_leaves"], tenant_id, 2**62)
-        last_seq = max(int(newest["last_seq"]), max((int(r["seq"]) for r in log_rows),
-                                                    default=0))
         rows = await tx.fetch(Q["tenant_events"], tenant_id, 2**62)
+    if not cps:
+        if any(int(r["seq"]) <= cursor for r in rows):
+            raise _broken(f"audit row seq {rows[0]['seq']}",
+                          "a row the notary has passed but the log never held (inserted)")
+        return ChainReport(tenant_id, 0, 0, 0, merkle.empty_root().hex(), len(rows))
+    last_seq = max(int(cps[-1]["last_seq"]), cursor,
+                   max((int(r["seq"]) for r in log_rows), default=0))
     covered = [r for r in rows if int(r["seq"]) <= last_seq]
     # 1. positions
     leaves: list[bytes] = []

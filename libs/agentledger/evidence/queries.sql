@@ -51,6 +51,9 @@ ORDER BY tree_size DESC LIMIT 1;
 SELECT tree_size, root_hash, last_seq, key_id, body, signature FROM audit_checkpoint
 WHERE tenant_id = $1 ORDER BY tree_size;
 
+-- name: cursor --
+SELECT last_seq FROM audit_notary_cursor;
+
 -- name: log_leaves --
 SELECT idx, seq, leaf_hash FROM audit_log WHERE tenant_id = $1 AND idx < $2 ORDER BY idx;
 
