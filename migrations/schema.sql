@@ -48,6 +48,25 @@ BEGIN
 END $$;
 
 --
+-- Name: agentledger_audit_leaf_hash(uuid, uuid, uuid, text, jsonb, text, timestamp with time zone); Type: FUNCTION; Schema: public
+--
+
+CREATE FUNCTION public.agentledger_audit_leaf_hash(p_event_id uuid, p_tenant uuid, p_operation uuid, p_type text, p_payload jsonb, p_traceparent text, p_recorded_at timestamp with time zone) RETURNS bytea
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+  SELECT sha256('\x00'::bytea || convert_to(public.agentledger_jcs(jsonb_build_object(
+    'v', 1,
+    'event_id', p_event_id::text,
+    'tenant_id', p_tenant::text,
+    'operation_id', p_operation::text,
+    'type', p_type,
+    'payload', p_payload,
+    'traceparent', p_traceparent,
+    'recorded_at', to_char(p_recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
+    'UTF8'))
+$$;
+
+--
 -- Name: agentledger_budget_open_default(uuid, text, text); Type: FUNCTION; Schema: public; Owner: agentledger_budget_keeper
 --
 
@@ -196,23 +215,25 @@ END $$;
 ALTER FUNCTION public.agentledger_budget_settle(p_tenant uuid, p_reservation_id uuid, p_used bigint) OWNER TO agentledger_budget_keeper;
 
 --
--- Name: agentledger_copy_audit_events_v2(); Type: FUNCTION; Schema: public; Owner: agentledger_audit_writer
+-- Name: agentledger_copy_audit_events_v3(); Type: FUNCTION; Schema: public; Owner: agentledger_audit_writer
 --
 
-CREATE FUNCTION public.agentledger_copy_audit_events_v2() RETURNS trigger
+CREATE FUNCTION public.agentledger_copy_audit_events_v3() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'public'
     AS $$
 BEGIN
   INSERT INTO public.audit_event (event_id, tenant_id, operation_id, type, payload, traceparent,
-                                  recorded_at)
-  SELECT n.id, n.tenant_id, n.operation_id, n.type, n.payload, n.traceparent, n.created_at
+                                  recorded_at, leaf_hash)
+  SELECT n.id, n.tenant_id, n.operation_id, n.type, n.payload, n.traceparent, n.created_at,
+         public.agentledger_audit_leaf_hash(n.id, n.tenant_id, n.operation_id, n.type, n.payload,
+                                            n.traceparent, n.created_at)
   FROM new_events AS n
-  WHERE n.aggregatetype = 'audit';
+  WHERE n.aggregatetype = 'audit' AND n.type <> 'log.checkpoint';
   RETURN NULL;
 END $$;
 
-ALTER FUNCTION public.agentledger_copy_audit_events_v2() OWNER TO agentledger_audit_writer;
+ALTER FUNCTION public.agentledger_copy_audit_events_v3() OWNER TO agentledger_audit_writer;
 
 --
 -- Name: agentledger_current_tenant(); Type: FUNCTION; Schema: public
@@ -285,6 +306,105 @@ BEGIN
 END $$;
 
 ALTER FUNCTION public.agentledger_expire_approvals(max_rows integer) OWNER TO agentledger_sweeper;
+
+--
+-- Name: agentledger_jcs(jsonb); Type: FUNCTION; Schema: public
+--
+
+CREATE FUNCTION public.agentledger_jcs(v jsonb) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    AS $_$
+DECLARE
+  out text;
+BEGIN
+  CASE jsonb_typeof(v)
+  WHEN 'object' THEN
+    SELECT '{' || coalesce(string_agg(
+             to_json(key)::text || ':' ||
+             CASE WHEN jsonb_typeof(value) IN ('object', 'array')
+                    OR (jsonb_typeof(value) = 'number' AND value::text !~ '^-?[0-9]{1,15}$')
+                  THEN public.agentledger_jcs(value) ELSE value::text END,
+             ',' ORDER BY key COLLATE "C"), '') || '}'
+    INTO out FROM jsonb_each(v);
+  WHEN 'array' THEN
+    SELECT '[' || coalesce(string_agg(
+             CASE WHEN jsonb_typeof(value) IN ('object', 'array')
+                    OR (jsonb_typeof(value) = 'number' AND value::text !~ '^-?[0-9]{1,15}$')
+                  THEN public.agentledger_jcs(value) ELSE value::text END,
+             ',' ORDER BY i), '') || ']'
+    INTO out FROM jsonb_array_elements(v) WITH ORDINALITY AS a (value, i);
+  WHEN 'number' THEN
+    out := public.agentledger_jcs_number(v::text::numeric);
+  ELSE
+    out := v::text;  -- a string (jsonb prints it escaped as JSON), true, false, null
+  END CASE;
+  RETURN out;
+END $_$;
+
+--
+-- Name: agentledger_jcs_number(numeric); Type: FUNCTION; Schema: public
+--
+
+CREATE FUNCTION public.agentledger_jcs_number(n numeric) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$
+DECLARE
+  s text;
+  neg boolean;
+  mant text;
+  e int := 0;
+  digits text;
+  point int;
+  k int;
+  p int;  -- the value is 0.digits x 10^p
+BEGIN
+  IF n = trunc(n) AND abs(n) <= 9007199254740991 THEN
+    RETURN n::bigint::text;
+  END IF;
+  IF abs(n) > 1.7976931348623157e308 OR abs(n) < 2.2250738585072014e-308 THEN
+    BEGIN  -- outside the doubles' normal range (rare: a block costs a subtransaction)
+      s := n::float8::text;
+    EXCEPTION WHEN numeric_value_out_of_range THEN
+      -- No IEEE 754 double: RFC 8785 has no form for it (the verifiers refuse the row, a
+      -- false alarm); the write it belongs to must not fail for it.
+      RETURN n::text;
+    END;
+  ELSE
+    s := n::float8::text;                     -- shortest round-trip digits (PostgreSQL >= 12)
+  END IF;
+  neg := left(s, 1) = '-';
+  IF neg THEN s := substr(s, 2); END IF;
+  IF position('e' IN s) > 0 THEN
+    mant := split_part(s, 'e', 1);
+    e := split_part(s, 'e', 2)::int;
+  ELSE
+    mant := s;
+  END IF;
+  point := position('.' IN mant);
+  IF point = 0 THEN
+    digits := mant; p := length(mant) + e;
+  ELSE
+    digits := replace(mant, '.', ''); p := point - 1 + e;
+  END IF;
+  -- strip leading zeros (each one moves the point), then trailing zeros
+  WHILE length(digits) > 1 AND left(digits, 1) = '0' LOOP
+    digits := substr(digits, 2); p := p - 1;
+  END LOOP;
+  digits := rtrim(digits, '0');
+  IF digits = '' THEN RETURN '0'; END IF;
+  k := length(digits);
+  IF k <= p AND p <= 21 THEN
+    s := digits || repeat('0', p - k);
+  ELSIF 0 < p AND p <= 21 THEN
+    s := left(digits, p) || '.' || substr(digits, p + 1);
+  ELSIF -6 < p AND p <= 0 THEN
+    s := '0.' || repeat('0', -p) || digits;
+  ELSE
+    s := left(digits, 1) || CASE WHEN k > 1 THEN '.' || substr(digits, 2) ELSE '' END
+         || 'e' || CASE WHEN p - 1 >= 0 THEN '+' ELSE '-' END || abs(p - 1)::text;
+  END IF;
+  RETURN CASE WHEN neg THEN '-' || s ELSE s END;
+END $$;
 
 --
 -- Name: agentledger_late_applied_v1(integer); Type: FUNCTION; Schema: public; Owner: agentledger_sweeper
@@ -485,6 +605,27 @@ CREATE TABLE public.approval_request (
 ALTER TABLE ONLY public.approval_request FORCE ROW LEVEL SECURITY;
 
 --
+-- Name: audit_checkpoint; Type: TABLE; Schema: public
+--
+
+CREATE TABLE public.audit_checkpoint (
+    tenant_id uuid NOT NULL,
+    tree_size bigint NOT NULL,
+    root_hash bytea NOT NULL,
+    last_seq bigint NOT NULL,
+    key_id text NOT NULL,
+    signed_at timestamp with time zone NOT NULL,
+    body text NOT NULL,
+    signature bytea NOT NULL,
+    frontier bytea[] NOT NULL,
+    CONSTRAINT audit_checkpoint_root_hash_check CHECK ((octet_length(root_hash) = 32)),
+    CONSTRAINT audit_checkpoint_signature_check CHECK ((octet_length(signature) = 64)),
+    CONSTRAINT audit_checkpoint_tree_size_check CHECK ((tree_size > 0))
+);
+
+ALTER TABLE ONLY public.audit_checkpoint FORCE ROW LEVEL SECURITY;
+
+--
 -- Name: audit_event; Type: TABLE; Schema: public
 --
 
@@ -496,7 +637,9 @@ CREATE TABLE public.audit_event (
     type text NOT NULL,
     payload jsonb NOT NULL,
     traceparent text,
-    recorded_at timestamp with time zone DEFAULT now() NOT NULL
+    recorded_at timestamp with time zone DEFAULT now() NOT NULL,
+    leaf_hash bytea NOT NULL,
+    CONSTRAINT audit_event_leaf_hash_size CHECK ((octet_length(leaf_hash) = 32))
 );
 
 ALTER TABLE ONLY public.audit_event FORCE ROW LEVEL SECURITY;
@@ -512,6 +655,31 @@ ALTER TABLE public.audit_event ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY
     NO MINVALUE
     NO MAXVALUE
     CACHE 1
+);
+
+--
+-- Name: audit_log; Type: TABLE; Schema: public
+--
+
+CREATE TABLE public.audit_log (
+    tenant_id uuid NOT NULL,
+    idx bigint NOT NULL,
+    seq bigint NOT NULL,
+    leaf_hash bytea NOT NULL,
+    CONSTRAINT audit_log_idx_check CHECK ((idx >= 0)),
+    CONSTRAINT audit_log_leaf_hash_check CHECK ((octet_length(leaf_hash) = 32))
+);
+
+ALTER TABLE ONLY public.audit_log FORCE ROW LEVEL SECURITY;
+
+--
+-- Name: audit_notary_cursor; Type: TABLE; Schema: public
+--
+
+CREATE TABLE public.audit_notary_cursor (
+    singleton boolean DEFAULT true NOT NULL,
+    last_seq bigint NOT NULL,
+    CONSTRAINT audit_notary_cursor_singleton_check CHECK (singleton)
 );
 
 --
@@ -745,11 +913,32 @@ ALTER TABLE ONLY public.approval_request
     ADD CONSTRAINT approval_request_pkey PRIMARY KEY (approval_id);
 
 --
+-- Name: audit_checkpoint audit_checkpoint_pkey; Type: CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.audit_checkpoint
+    ADD CONSTRAINT audit_checkpoint_pkey PRIMARY KEY (tenant_id, tree_size);
+
+--
 -- Name: audit_event audit_event_pkey; Type: CONSTRAINT; Schema: public
 --
 
 ALTER TABLE ONLY public.audit_event
     ADD CONSTRAINT audit_event_pkey PRIMARY KEY (event_id);
+
+--
+-- Name: audit_log audit_log_pkey; Type: CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.audit_log
+    ADD CONSTRAINT audit_log_pkey PRIMARY KEY (tenant_id, idx);
+
+--
+-- Name: audit_notary_cursor audit_notary_cursor_pkey; Type: CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.audit_notary_cursor
+    ADD CONSTRAINT audit_notary_cursor_pkey PRIMARY KEY (singleton);
 
 --
 -- Name: budget_default budget_default_pkey; Type: CONSTRAINT; Schema: public
@@ -865,6 +1054,12 @@ CREATE INDEX approval_request_pending ON public.approval_request USING btree (te
 CREATE INDEX audit_event_by_operation ON public.audit_event USING btree (tenant_id, operation_id, seq);
 
 --
+-- Name: audit_event_seq_brin; Type: INDEX; Schema: public
+--
+
+CREATE INDEX audit_event_seq_brin ON public.audit_event USING brin (seq);
+
+--
 -- Name: budget_reservation_by_operation; Type: INDEX; Schema: public
 --
 
@@ -895,16 +1090,28 @@ CREATE INDEX command_attempt_late_applied ON public.command_attempt USING btree 
 CREATE INDEX policy_decision_by_operation ON public.policy_decision USING btree (tenant_id, operation_id, decided_at);
 
 --
+-- Name: audit_checkpoint audit_checkpoint_append_only; Type: TRIGGER; Schema: public
+--
+
+CREATE TRIGGER audit_checkpoint_append_only BEFORE DELETE OR UPDATE OR TRUNCATE ON public.audit_checkpoint FOR EACH STATEMENT EXECUTE FUNCTION public.agentledger_audit_is_append_only();
+
+--
 -- Name: audit_event audit_event_append_only; Type: TRIGGER; Schema: public
 --
 
 CREATE TRIGGER audit_event_append_only BEFORE DELETE OR UPDATE OR TRUNCATE ON public.audit_event FOR EACH STATEMENT EXECUTE FUNCTION public.agentledger_audit_is_append_only();
 
 --
--- Name: event_outbox audit_event_copy_v2; Type: TRIGGER; Schema: public
+-- Name: event_outbox audit_event_copy_v3; Type: TRIGGER; Schema: public
 --
 
-CREATE TRIGGER audit_event_copy_v2 AFTER INSERT ON public.event_outbox REFERENCING NEW TABLE AS new_events FOR EACH STATEMENT EXECUTE FUNCTION public.agentledger_copy_audit_events_v2();
+CREATE TRIGGER audit_event_copy_v3 AFTER INSERT ON public.event_outbox REFERENCING NEW TABLE AS new_events FOR EACH STATEMENT EXECUTE FUNCTION public.agentledger_copy_audit_events_v3();
+
+--
+-- Name: audit_log audit_log_append_only; Type: TRIGGER; Schema: public
+--
+
+CREATE TRIGGER audit_log_append_only BEFORE DELETE OR UPDATE OR TRUNCATE ON public.audit_log FOR EACH STATEMENT EXECUTE FUNCTION public.agentledger_audit_is_append_only();
 
 --
 -- Name: approval_request approval_request_superseded_by_fkey; Type: FK CONSTRAINT; Schema: public
@@ -954,6 +1161,12 @@ ALTER TABLE public.agent_command ENABLE ROW LEVEL SECURITY;
 ALTER TABLE public.approval_request ENABLE ROW LEVEL SECURITY;
 
 --
+-- Name: audit_checkpoint; Type: ROW SECURITY; Schema: public
+--
+
+ALTER TABLE public.audit_checkpoint ENABLE ROW LEVEL SECURITY;
+
+--
 -- Name: audit_event audit_copy; Type: POLICY; Schema: public
 --
 
@@ -964,6 +1177,12 @@ CREATE POLICY audit_copy ON public.audit_event FOR INSERT TO agentledger_audit_w
 --
 
 ALTER TABLE public.audit_event ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: audit_log; Type: ROW SECURITY; Schema: public
+--
+
+ALTER TABLE public.audit_log ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: budget; Type: ROW SECURITY; Schema: public
@@ -1012,6 +1231,30 @@ ALTER TABLE public.command_resolution ENABLE ROW LEVEL SECURITY;
 --
 
 ALTER TABLE public.event_outbox ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: audit_checkpoint notary_appends; Type: POLICY; Schema: public
+--
+
+CREATE POLICY notary_appends ON public.audit_checkpoint TO agentledger_notary USING (true) WITH CHECK (true);
+
+--
+-- Name: audit_log notary_appends; Type: POLICY; Schema: public
+--
+
+CREATE POLICY notary_appends ON public.audit_log TO agentledger_notary USING (true) WITH CHECK (true);
+
+--
+-- Name: event_outbox notary_publishes; Type: POLICY; Schema: public
+--
+
+CREATE POLICY notary_publishes ON public.event_outbox FOR INSERT TO agentledger_notary WITH CHECK (((aggregatetype = 'audit'::text) AND (type = 'log.checkpoint'::text) AND (operation_id IS NULL)));
+
+--
+-- Name: audit_event notary_reads; Type: POLICY; Schema: public
+--
+
+CREATE POLICY notary_reads ON public.audit_event FOR SELECT TO agentledger_notary USING (true);
 
 --
 -- Name: policy_decision; Type: ROW SECURITY; Schema: public
@@ -1122,10 +1365,22 @@ CREATE POLICY tenant_isolation ON public.agent_command TO agentledger_admission,
 CREATE POLICY tenant_isolation ON public.approval_request TO agentledger_admission, agentledger_reconciler, agentledger_auditor USING ((tenant_id = public.agentledger_current_tenant())) WITH CHECK ((tenant_id = public.agentledger_current_tenant()));
 
 --
+-- Name: audit_checkpoint tenant_isolation; Type: POLICY; Schema: public
+--
+
+CREATE POLICY tenant_isolation ON public.audit_checkpoint FOR SELECT TO agentledger_auditor USING ((tenant_id = public.agentledger_current_tenant()));
+
+--
 -- Name: audit_event tenant_isolation; Type: POLICY; Schema: public
 --
 
 CREATE POLICY tenant_isolation ON public.audit_event TO agentledger_auditor USING ((tenant_id = public.agentledger_current_tenant()));
+
+--
+-- Name: audit_log tenant_isolation; Type: POLICY; Schema: public
+--
+
+CREATE POLICY tenant_isolation ON public.audit_log FOR SELECT TO agentledger_auditor USING ((tenant_id = public.agentledger_current_tenant()));
 
 --
 -- Name: budget tenant_isolation; Type: POLICY; Schema: public
@@ -1241,10 +1496,10 @@ GRANT ALL ON FUNCTION public.agentledger_budget_settle(p_tenant uuid, p_reservat
 GRANT ALL ON FUNCTION public.agentledger_budget_settle(p_tenant uuid, p_reservation_id uuid, p_used bigint) TO agentledger_reconciler;
 
 --
--- Name: FUNCTION agentledger_copy_audit_events_v2(); Type: ACL; Schema: public; Owner: agentledger_audit_writer
+-- Name: FUNCTION agentledger_copy_audit_events_v3(); Type: ACL; Schema: public; Owner: agentledger_audit_writer
 --
 
-REVOKE ALL ON FUNCTION public.agentledger_copy_audit_events_v2() FROM PUBLIC;
+REVOKE ALL ON FUNCTION public.agentledger_copy_audit_events_v3() FROM PUBLIC;
 
 --
 -- Name: FUNCTION agentledger_end_leases_of_v2(worker text); Type: ACL; Schema: public; Owner: agentledger_sweeper
@@ -1504,11 +1759,50 @@ GRANT UPDATE(evidence_key_version) ON TABLE public.approval_request TO agentledg
 GRANT UPDATE(payload_purged_at) ON TABLE public.approval_request TO agentledger_maintenance;
 
 --
+-- Name: TABLE audit_checkpoint; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT ON TABLE public.audit_checkpoint TO agentledger_notary;
+GRANT SELECT ON TABLE public.audit_checkpoint TO agentledger_auditor;
+
+--
 -- Name: TABLE audit_event; Type: ACL; Schema: public
 --
 
 GRANT SELECT ON TABLE public.audit_event TO agentledger_auditor;
 GRANT INSERT ON TABLE public.audit_event TO agentledger_audit_writer;
+
+--
+-- Name: COLUMN audit_event.seq; Type: ACL; Schema: public
+--
+
+GRANT SELECT(seq) ON TABLE public.audit_event TO agentledger_notary;
+
+--
+-- Name: COLUMN audit_event.tenant_id; Type: ACL; Schema: public
+--
+
+GRANT SELECT(tenant_id) ON TABLE public.audit_event TO agentledger_notary;
+
+--
+-- Name: COLUMN audit_event.leaf_hash; Type: ACL; Schema: public
+--
+
+GRANT SELECT(leaf_hash) ON TABLE public.audit_event TO agentledger_notary;
+
+--
+-- Name: TABLE audit_log; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT ON TABLE public.audit_log TO agentledger_notary;
+GRANT SELECT ON TABLE public.audit_log TO agentledger_auditor;
+
+--
+-- Name: TABLE audit_notary_cursor; Type: ACL; Schema: public
+--
+
+GRANT SELECT,UPDATE ON TABLE public.audit_notary_cursor TO agentledger_notary;
+GRANT SELECT ON TABLE public.audit_notary_cursor TO agentledger_auditor;
 
 --
 -- Name: TABLE budget; Type: ACL; Schema: public
@@ -1603,6 +1897,7 @@ GRANT INSERT ON TABLE public.event_outbox TO agentledger_reconciler;
 GRANT SELECT,DELETE ON TABLE public.event_outbox TO agentledger_relay;
 GRANT INSERT ON TABLE public.event_outbox TO agentledger_budget_keeper;
 GRANT INSERT ON TABLE public.event_outbox TO agentledger_sweeper;
+GRANT INSERT ON TABLE public.event_outbox TO agentledger_notary;
 
 --
 -- Name: TABLE policy_decision; Type: ACL; Schema: public
@@ -1642,6 +1937,7 @@ GRANT SELECT ON TABLE public.tenant_data_key TO agentledger_reconciler;
 -- agentledger_executor: NOLOGIN
 -- agentledger_ingress: NOLOGIN
 -- agentledger_maintenance: NOLOGIN
+-- agentledger_notary: NOLOGIN
 -- agentledger_planner: NOLOGIN
 -- agentledger_reconciler: NOLOGIN
 -- agentledger_relay: NOLOGIN REPLICATION

@@ -20,7 +20,7 @@ from sqlalchemy import (
     Text,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 metadata = MetaData()
 
@@ -277,6 +277,40 @@ audit_event = Table(
     Column("payload", JSONB, nullable=False),
     Column("traceparent", Text),
     _ts("recorded_at", nullable=False, default_now=True),
+    Column("leaf_hash", LargeBinary, nullable=False),  # RFC 6962 leaf hash (migration 0050)
+)
+
+
+# --- the tamper-evident log (migration 0050, issue 43) ------------------------------------
+
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("tenant_id", UUID(as_uuid=True), primary_key=True),
+    Column("idx", BigInteger, primary_key=True),
+    Column("seq", BigInteger, nullable=False),
+    Column("leaf_hash", LargeBinary, nullable=False),
+)
+
+audit_checkpoint = Table(
+    "audit_checkpoint",
+    metadata,
+    Column("tenant_id", UUID(as_uuid=True), primary_key=True),
+    Column("tree_size", BigInteger, primary_key=True),
+    Column("root_hash", LargeBinary, nullable=False),
+    Column("last_seq", BigInteger, nullable=False),
+    Column("key_id", Text, nullable=False),
+    _ts("signed_at", nullable=False),
+    Column("body", Text, nullable=False),
+    Column("signature", LargeBinary, nullable=False),
+    Column("frontier", ARRAY(LargeBinary), nullable=False),
+)
+
+audit_notary_cursor = Table(
+    "audit_notary_cursor",
+    metadata,
+    Column("singleton", Boolean, primary_key=True),
+    Column("last_seq", BigInteger, nullable=False),
 )
 
 
