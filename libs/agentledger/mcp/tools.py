@@ -155,13 +155,16 @@ def status_operation(tool_input: Mapping[str, Any]) -> common.Uuid:
 class Catalog:
     """The allowlist as MCP tools, filtered per caller by the Cedar policy."""
 
-    def __init__(self, allowlist: allowlist_mod.Allowlist, policy: cedar.CedarPolicy) -> None:
-        """Build every action's input schema once.
+    def __init__(self, allowlist: allowlist_mod.Allowlist, policy: cedar.CedarPolicy,
+                 output_schema: Mapping[str, Any] | None = None) -> None:
+        """Build every action's input schema once; ``output_schema`` is every tool's
+        (``results.OUTPUT_SCHEMA``: what ``structuredContent`` holds).
 
         Raises:
             errors.ConfigurationError: An action's arguments use a reserved name.
         """
         self.allowlist, self.policy = allowlist, policy
+        self.output_schema = dict(output_schema) if output_schema is not None else None
         self.schemas: Mapping[str, dict[str, Any]] = {
             name: input_schema(spec) for name, spec in sorted(allowlist.actions.items())}
 
@@ -195,6 +198,7 @@ class Catalog:
                          "started: succeeded with its receipt, pending approval, in "
                          "progress, refused, or unknown. Waits a bounded time for news."),
             input_schema=copy.deepcopy(STATUS_SCHEMA),
+            output_schema=copy.deepcopy(self.output_schema),
             annotations=types.ToolAnnotations(title="agentledger: operation status",
                                               read_only_hint=True, open_world_hint=False))]
 
@@ -207,6 +211,7 @@ class Catalog:
             description=(f"{spec.description} Proposed through agentledger (risk "
                          f"{spec.risk}); a retried call is the same operation.{approval}"),
             input_schema=copy.deepcopy(self.schemas[spec.name]),
+            output_schema=copy.deepcopy(self.output_schema),
             annotations=types.ToolAnnotations(
                 title=spec.name, read_only_hint=False, destructive_hint=spec.risk != "low",
                 # The same call (or the same idempotency key) is the same operation.
