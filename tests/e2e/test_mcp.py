@@ -100,7 +100,7 @@ def _raw(url: str, token: str | None, method: str = "tools/list",
 def _stdio(env: dict[str, str], token: str) -> Client:
     return Client(StdioServerParameters(
         command=sys.executable, args=["-m", "agentledger.mcp"], cwd=str(Path.cwd()),
-        env={**os.environ, **env, "AGENTLEDGER_MCP_TRANSPORT": "stdio",
+        env={**os.environ, **processes.PROFILE, **env, "AGENTLEDGER_MCP_TRANSPORT": "stdio",
              "AGENTLEDGER_MCP_TOKEN": token}))
 
 

@@ -175,3 +175,37 @@ def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_settings_without_a_way_in_are_refused(missing: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         settings(**missing)
+
+
+MODERN = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+          "io.modelcontextprotocol/clientCapabilities": {}}
+
+
+def test_both_protocol_eras_are_served_statelessly_on_one_endpoint() -> None:
+    # 2026-07-28: each request carries its version and capabilities, no handshake, no
+    # session; 2025-11-25: `initialize`, answered without an Mcp-Session-Id (stateless).
+    cfg = settings()
+    app = server.http_app(server.build(cfg, gate(cfg)), cfg, gate(cfg))
+    headers = {"Authorization": f"Bearer {token(['user'])}",
+               "Accept": "application/json, text/event-stream"}
+    with TestClient(app, base_url="http://127.0.0.1:8060") as http:
+        def modern(method: str, request_id: int) -> httpx.Response:
+            return http.post("/mcp", json={"jsonrpc": "2.0", "id": request_id, "method": method,
+                                           "params": {"_meta": MODERN}},
+                             headers={**headers, "MCP-Protocol-Version": "2026-07-28",
+                                      "Mcp-Method": method})
+        discovered = modern("server/discover", 1)
+        assert discovered.status_code == 200
+        assert "2026-07-28" in discovered.json()["result"]["supportedVersions"]
+        # A first request of any kind works alone: nothing was negotiated before it.
+        listed = modern("tools/list", 2)
+        assert listed.status_code == 200 and "mcp-session-id" not in listed.headers
+        result = listed.json()["result"]
+        assert result["cacheScope"] == "private"  # the listing is per caller
+        assert result["tools"][-1]["name"] == "agentledger_status"
+        legacy = http.post("/mcp", json={
+            "jsonrpc": "2.0", "id": 3, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                       "clientInfo": {"name": "old", "version": "1"}}}, headers=headers)
+        assert legacy.status_code == 200 and "mcp-session-id" not in legacy.headers
+        assert legacy.json()["result"]["protocolVersion"] == "2025-11-25"
