@@ -8,7 +8,8 @@ discovers the authorization server from the 401 (RFC 9728 metadata), gets a
 client-credentials token from Keycloak and calls tools, at protocol ``2026-07-28`` and at
 ``2025-11-25``. Tokens the server must refuse — another audience, expired, an unknown key,
 a missing scope, another tenant — are refused with the HTTP status the specification
-names, and nothing reaches the ledger.
+names, and nothing reaches the ledger. A refund that needs a person is followed as a Task
+(``io.modelcontextprotocol/tasks``) until the approvals console's API decides it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from agentledger.mcp import idempotency
 from agentledger.testing import keycloak, processes
 from agentledger.testing.pipeline import Pipeline, pipeline
 from agentledger.testing.polling import wait_until
+from tests.e2e.test_mcp import _refunds
 from tests.stack import Stack
 
 WAIT_S = 20
@@ -66,8 +68,8 @@ def world(stack: Stack, database_url: str, make_database: Callable[[], str], kc:
     logs = tmp_path_factory.mktemp("mcp-oauth")
     exchange_private, exchange_public = identity.generate_keypair("EdDSA")
     with pipeline(stack.kafka_bootstrap, database_url, make_database(), logs, ingress=True,
-                  session_keys={EXCHANGE_KID: exchange_public}) as p:
-        assert p.sessions is not None and p.ingress_url
+                  console=True, session_keys={EXCHANGE_KID: exchange_public}) as p:
+        assert p.sessions is not None and p.ingress_url and p.console_url
         port = processes.free_port()
         url = f"http://127.0.0.1:{port}/mcp"
         realm = kc.realm(f"agentledger-{uuid.uuid4().hex[:8]}", url, [
@@ -87,6 +89,7 @@ def world(stack: Stack, database_url: str, make_database: Callable[[], str], kc:
                "AGENTLEDGER_MCP_ADMISSIONS_TOPIC": p.topic("agent.admissions.v1"),
                "AGENTLEDGER_MCP_OUTCOMES_TOPIC": p.topic("agent.outcomes.v1"),
                "AGENTLEDGER_MCP_WAIT_S": str(WAIT_S),
+               "AGENTLEDGER_MCP_CONSOLE_URL": p.console_url,
                "AGENTLEDGER_MCP_RESOURCE_URL": url,
                "AGENTLEDGER_MCP_OAUTH_ISSUER": realm.issuer,
                # The token's own clock is the test's: no skew to forgive here.
@@ -268,3 +271,75 @@ def test_the_callers_access_token_never_reaches_ingress(world: World) -> None:
                        lambda r: r.get("operation_id") == done["operation_id"])
     assert [(r["tenant_id"], r["principal_id"]) for r in records] == [(w.p.tenant, "user:alice")]
     assert w.realm.issuer not in json.dumps(records)
+
+
+def _modern(w: World, token: str, method: str, params: dict[str, Any], name: str,
+            extensions: dict[str, Any], status: int = 200) -> dict[str, Any]:
+    """One 2026-07-28 request on the wire (the SDK's client does not speak the tasks
+    extension): per-request version and capabilities, the routing headers."""
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {"extensions": extensions},
+            "io.modelcontextprotocol/clientInfo": {"name": "tasks-e2e", "version": "1"}}
+    answer = httpx2.post(w.url, json={"jsonrpc": "2.0", "id": 1, "method": method,
+                                      "params": {**params, "_meta": {**params.get("_meta", {}), **meta}}},
+                         headers={"Authorization": f"Bearer {token}",
+                                  "Accept": "application/json, text/event-stream",
+                                  "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": method,
+                                  "Mcp-Name": name}, timeout=120)
+    assert answer.status_code == status, answer.text
+    found: dict[str, Any] = answer.json()
+    return found
+
+
+def test_an_approval_is_followed_as_a_task_until_the_console_decides(world: World) -> None:
+    w = world
+    assert w.p.sessions is not None and w.p.console_url
+    token = w.realm.token("agent-alice")["access_token"]
+    declared = {"io.modelcontextprotocol/tasks": {}}
+    invoice = f"inv-{uuid.uuid4().hex[:8]}"
+    refund = {"customer_id": w.p.customer, "invoice_id": invoice, "amount_minor": 4200,
+              "currency": "EUR", "reason": "double charge", "target": w.p.customer}
+    called = _modern(w, token, "tools/call", {"name": "billing.refund.create", "arguments": refund},
+                     "billing.refund.create", declared)["result"]
+    # The task id is the operation id, and the ledger holds it before the answer.
+    assert called["resultType"] == "task" and called["status"] == "input_required", called
+    op = uuid.UUID(called["taskId"])
+    assert _ledger(w.p, op) == (0, 1) and w.p.pending_approval(op)
+
+    def get() -> dict[str, Any]:
+        found: dict[str, Any] = _modern(w, token, "tasks/get", {"taskId": str(op)}, str(op),
+                                        declared)["result"]
+        return found
+    waiting = get()
+    assert waiting["status"] == "input_required" and waiting["resultType"] == "complete"
+    [(key, request)] = waiting["inputRequests"].items()
+    approval = key.removeprefix("approval-")
+    assert request["method"] == "elicitation/create" and request["params"]["mode"] == "url"
+    assert request["params"]["url"] == f"{w.p.console_url}/approvals/{approval}"
+    # A client that does not declare the extension is refused the tasks/* methods.
+    undeclared = _modern(w, token, "tasks/get", {"taskId": str(op)}, str(op), {}, status=400)
+    assert undeclared["error"]["code"] == -32021
+
+    # fiona decides through the console's HTTP API, as the approval page would.
+    fiona = {"Authorization": f"Bearer {w.p.sessions.issue(w.p.tenant, 'user:fiona', ['finance-approver'])}"}
+    shown = httpx2.get(f"{w.p.console_url}/api/v1/approvals/{approval}", headers=fiona, timeout=30)
+    assert shown.status_code == 200, shown.text
+    decided = httpx2.post(f"{w.p.console_url}/api/v1/approvals/{approval}/approve", headers=fiona,
+                          json={"shown_hash": shown.json()["request_hash"], "reason": "checked"},
+                          timeout=60)
+    assert decided.status_code == 200 and decided.json()["state"] == "approved", decided.text
+
+    seen: list[dict[str, Any]] = []
+
+    def completed() -> bool:
+        seen.append(get())
+        return bool(seen[-1]["status"] == "completed")
+    # The task's own poll interval (2 s) between polls, to a deadline.
+    assert wait_until(completed, timeout=120, interval=waiting["pollIntervalMs"] / 1000), seen[-3:]
+    assert {s["status"] for s in seen} <= {"input_required", "working", "completed"}
+    result = seen[-1]["result"]
+    assert result["isError"] is False and result["structuredContent"]["status"] == "succeeded"
+    receipt = result["structuredContent"]["receipt"]
+    assert w.p.state(op) == ("succeeded", receipt) and _ledger(w.p, op) == (1, 1)
+    # Refunds carry no key (never deduped): the CRM's own rows for this invoice are the proof.
+    assert _refunds(w.p, invoice) == [receipt.removeprefix("crm:refund:")]

@@ -42,7 +42,7 @@ def test_the_check_fires_on_the_code_issue_40_removed() -> None:
 def known(**fields: object) -> directory.Known:
     base: dict[str, object] = {"proposer": "user:alice", "state": None, "receipt": None,
                                "reason": None, "approval_id": None, "approval_state": None,
-                               "since": datetime.now(UTC)}
+                               "since": datetime.now(UTC), "updated": datetime.now(UTC)}
     return directory.Known(**{**base, **fields})  # type: ignore[arg-type]
 
 

@@ -36,6 +36,7 @@ class Known:
     approval_id: uuid.UUID | None
     approval_state: str | None
     since: datetime  # when it entered the ledger: its answers are on the topics from then
+    updated: datetime  # the last change the ledger records
 
 
 class Directory:
@@ -98,7 +99,9 @@ class Directory:
             reason=row["outcome_reason"] or row["decision_reason"],
             approval_id=row["approval_id"], approval_state=row["approval_state"],
             since=row["admitted_at"] if admitted and row["requested_at"] is None
-            else row["requested_at"] or row["admitted_at"])
+            else row["requested_at"] or row["admitted_at"],
+            updated=max(t for t in (row["command_updated_at"], row["decided_at"],
+                                    row["requested_at"], row["admitted_at"]) if t is not None))
 
 
 def may_follow(asker: identity.Session, known: Known) -> bool:

@@ -25,6 +25,7 @@ import importlib.metadata
 import json
 import logging
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
@@ -38,6 +39,7 @@ from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAut
 from mcp.server.auth.routes import build_resource_metadata_url, create_protected_resource_routes
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
 from pydantic import AnyHttpUrl
 from starlette.applications import Starlette
 from starlette.middleware.authentication import AuthenticationMiddleware
@@ -47,7 +49,7 @@ from starlette.routing import Route
 from starlette.types import Send
 
 from agentledger import client, identity
-from agentledger.mcp import auth, calls, directory, oauth, results, runs, tools
+from agentledger.mcp import auth, calls, directory, oauth, results, runs, tasks, tools
 from agentledger.mcp.settings import McpSettings
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import cedar
@@ -139,7 +141,8 @@ def build(settings: McpSettings, authenticator: auth.Gate, *,
         return types.ListToolsResult(tools=catalog.tools(caller.session))
 
     async def call_tool(ctx: ServerRequestContext[calls.Calls, Any],
-                        params: types.CallToolRequestParams) -> types.CallToolResult:
+                        params: types.CallToolRequestParams
+                        ) -> types.CallToolResult | dict[str, Any]:
         caller = await authenticator.caller(ctx.request)
         tool_input = params.arguments or {}
         if params.name == tools.STATUS_TOOL:
@@ -148,16 +151,54 @@ def build(settings: McpSettings, authenticator: auth.Gate, *,
             answer = await ctx.lifespan_context.call(
                 caller, params.name, tool_input, params.meta,
                 session_run=runs.session_run(ctx.request, settings.run))
+            if (answer.status == "pending_approval" and answer.operation_id is not None
+                    and tasks.declared(ctx)):
+                # The task is the ledger's record: read it back, so a tasks/get for this id
+                # resolves before the CreateTaskResult is sent (the extension's MUST).
+                known = await authenticator.directory.operation(caller.session.tenant_id,
+                                                                answer.operation_id)
+                if known is not None and known.approval_state == "pending":
+                    log.info("event=mcp_task_created operation_id=%s", answer.operation_id)
+                    return tasks.created(answer.operation_id, known)
         return answer.to_result()
 
-    return Server(
+    async def followed(ctx: ServerRequestContext[calls.Calls, Any], params: tasks.TaskParams
+                       ) -> tuple[uuid.UUID, directory.Known]:
+        tasks.require_declared(ctx)
+        caller = await authenticator.caller(ctx.request)
+        operation_id = tasks.task_id(params)
+        known = await authenticator.directory.operation(caller.session.tenant_id, operation_id)
+        if known is None or not directory.may_follow(caller.session, known):
+            raise MCPError(types.INVALID_PARAMS, "unknown taskId")
+        return operation_id, known
+
+    async def get_task(ctx: ServerRequestContext[calls.Calls, Any], params: tasks.TaskParams
+                       ) -> dict[str, Any]:
+        operation_id, known = await followed(ctx, params)
+        return tasks.detailed(operation_id, known, settings.console_url)
+
+    async def acknowledge(ctx: ServerRequestContext[calls.Calls, Any],
+                          params: tasks.TaskParams) -> dict[str, Any]:
+        # tasks/update and tasks/cancel: the person decides in the console, and an
+        # approval is decided or expires; nothing the client sends changes the operation.
+        await followed(ctx, params)
+        return {"resultType": "complete"}
+
+    server = Server(
         "agentledger", version=_version(), title="agentledger",
         description="Propose allowlisted actions through agentledger's ledger and policy.",
         instructions=INSTRUCTIONS, lifespan=lifespan, on_list_tools=list_tools,
-        on_call_tool=call_tool,
         # Header validation of modern clients asks for a schema by name, before any caller
         # is known; schemas are the same for everyone (only the listing is filtered).
         get_tool_input_schema=catalog.input_schema_of)
+    # Registered as a request handler, as the SDK's extension interceptors are: a call may
+    # answer a CreateTaskResult (tasks extension) besides a CallToolResult.
+    server.add_request_handler("tools/call", types.CallToolRequestParams, call_tool)
+    server.add_request_handler("tasks/get", tasks.TaskParams, get_task)
+    server.add_request_handler("tasks/update", tasks.UpdateParams, acknowledge)
+    server.add_request_handler("tasks/cancel", tasks.TaskParams, acknowledge)
+    server.extensions[tasks.EXTENSION] = {}
+    return server
 
 
 class Challenge(RequireAuthMiddleware):
