@@ -25,6 +25,7 @@ import httpx2
 import mcp_types as types
 import psycopg2
 import pytest
+from confluent_kafka import Consumer
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -424,3 +425,37 @@ def test_calls_naming_one_run_spend_one_budget(world: tuple[Pipeline, str, dict[
     assert refused.code == types.INVALID_PARAMS and runs.META_RUN in refused.message
     key = idempotency.derived_key("user:alice", "crm.note.create", bad_body)
     assert p.state(client_mod.operation_id_for(token, key)) is None
+
+
+def test_a_traceparent_in_meta_parents_the_proposals_trace(world: tuple[Pipeline, str, dict[str, str]]) -> None:
+    # Issue 40 item 6: the caller's trace context (MCP `_meta.traceparent`) is the parent of
+    # what ingress publishes, whose headers admission's spans continue (tests/e2e/test_traces.py).
+    p, url, _ = world
+    trace_id = uuid.uuid4().hex
+    parent = f"00-{trace_id}-{uuid.uuid4().hex[:16]}-01"
+
+    async def call() -> dict[str, Any]:
+        async with _http(url, _token(p)) as mcp:
+            return _answer(await mcp.call_tool(
+                "crm.note.create", _note(p, f"traced {uuid.uuid4()}"),
+                meta={"traceparent": parent, "tracestate": "agentledger=test"}))
+    done = asyncio.run(call())
+    assert done["status"] == "succeeded", done
+    consumer = Consumer({"bootstrap.servers": p.bootstrap, "group.id": f"trace-{uuid.uuid4().hex}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([p.topic("agent.proposals.v1")])
+    found: list[dict[str, str]] = []
+
+    def seen() -> bool:
+        msg = consumer.poll(0.5)
+        if msg is not None and msg.error() is None and json.loads(
+                msg.value() or b"null").get("operation_id") == done["operation_id"]:
+            found.append({k: v.decode() for k, v in (msg.headers() or []) if isinstance(v, bytes)})
+        return bool(found)
+    try:
+        assert wait_until(seen, timeout=60, interval=0)
+    finally:
+        consumer.close()
+    published = found[0]["traceparent"].split("-")
+    assert published[1] == trace_id and published[2] != parent.split("-")[2]  # a child span
+    assert found[0]["tracestate"] == "agentledger=test"

@@ -20,11 +20,13 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 import httpx
+import pydantic
 from confluent_kafka import KafkaException
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
 from agentledger import client, errors
+from agentledger.contracts import common
 from agentledger.mcp import auth, idempotency, results, runs, tools
 from agentledger.mcp import directory as directory_mod
 
@@ -36,6 +38,22 @@ _Remembered = tuple[client.Submission, datetime]
 # Even a wait whose budget is spent gets a short look: an answer already on the topics is
 # found well within it, and answering `in_progress` for a known outcome helps nobody.
 MIN_PHASE_S: Final = 0.5
+
+
+def trace_of(meta: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """The W3C trace context of a call's ``_meta`` (``traceparent``, ``tracestate``, as MCP
+    carries it): the parent of the proposal's trace, hence of admission's spans. One that is
+    not W3C is ignored (a trace is never a reason to refuse a call)."""
+    found = meta or {}
+    try:
+        context = common.TraceContext.model_validate(
+            {"traceparent": found.get("traceparent"), "tracestate": found.get("tracestate")})
+    except pydantic.ValidationError:
+        return None
+    headers = {"traceparent": context.traceparent}
+    if context.tracestate:
+        headers["tracestate"] = context.tracestate
+    return headers
 
 
 class Calls:
@@ -101,7 +119,8 @@ class Calls:
         try:
             submitted = await gateway.submit_proposal(
                 name, proposal.arguments, proposal.target,
-                expected_revision=proposal.expected_revision, idempotency_key=key, run=run)
+                expected_revision=proposal.expected_revision, idempotency_key=key, run=run,
+                trace=trace_of(meta))
         except errors.IdentityRejected as exc:
             # The caller passed this server's gate; ingress refusing its session is this
             # deployment's fault (keys or issuer out of step): a refusal, nothing proposed.

@@ -5,7 +5,8 @@ derives the run id from the verified tenant and principal and that name
 (:func:`agentledger.identity.derive_run_id`): the same name from another tenant or principal
 is another run. The server names, first found:
 
-- the call's ``_meta["agentledger/run"]`` (``META_RUN``): one call, one named run;
+- the call's ``_meta["dev.agentledger/run"]`` (``META_RUN``; the older ``"agentledger/run"``
+  is still read): one call, one named run;
 - over streamable HTTP, the MCP request's ``AgentLedger-Run`` header (``HEADER``): a client
   sets it once per session, like its ``Authorization`` header, so every call of the session
   is a step of one run;
@@ -23,8 +24,10 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from agentledger import errors, identity
+from agentledger.mcp import idempotency
 
-META_RUN: Final = "agentledger/run"
+META_RUN: Final = "dev.agentledger/run"
+LEGACY_META_RUN: Final = "agentledger/run"
 HEADER: Final = "agentledger-run"
 
 
@@ -45,7 +48,7 @@ def run_for(meta: Mapping[str, Any] | None, session: str | None) -> str | None:
         errors.ValidationFailed: The run named is not 1-128 characters of
             ``A-Z a-z 0-9 . _ : ~ -`` starting with a letter or digit (what ingress accepts).
     """
-    given = (meta or {}).get(META_RUN)
+    given = idempotency.meta_value(meta, META_RUN, LEGACY_META_RUN)
     run = session if given is None else given
     if run is None:
         return None

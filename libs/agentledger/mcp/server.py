@@ -64,7 +64,7 @@ INSTRUCTIONS = (
     "(with a receipt) is the only success. pending_approval and in_progress mean nothing is "
     "known to have happened yet: ask agentledger_status with the operation_id later. "
     "unknown means it may or may not have happened: never retry it under a new key. A "
-    "retried call with the same input (or the same _meta['agentledger/idempotency_key']) is "
+    "retried call with the same input (or the same _meta['dev.agentledger/idempotency_key']) is "
     "the same operation and never acts twice."
 )
 
