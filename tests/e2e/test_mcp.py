@@ -459,3 +459,30 @@ def test_a_traceparent_in_meta_parents_the_proposals_trace(world: tuple[Pipeline
     published = found[0]["traceparent"].split("-")
     assert published[1] == trace_id and published[2] != parent.split("-")[2]  # a child span
     assert found[0]["tracestate"] == "agentledger=test"
+
+
+def test_a_run_opened_by_its_tool_is_passed_as_an_argument_and_spends_one_budget(
+        world: tuple[Pipeline, str, dict[str, str]]) -> None:
+    # Issue 40 item 5: runs as handles. The opener answers a handle; calls pass it as their
+    # `run` argument; the steps share one budget, and the run does not change the operation.
+    p, url, _ = world
+
+    async def calls() -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+        async with _http(url, _token(p)) as mcp:
+            opened = _answer(await mcp.call_tool("agentledger_open_run", {}))
+            handle = opened["run"]
+            notes = [_note(p, f"handle {handle} {n}") for n in range(2)]
+            steps = [_answer(await mcp.call_tool("crm.note.create", {**note, "run": handle}))
+                     for note in notes]
+            # The first call again, in another run: the same operation, nothing spent there.
+            again = _answer(await mcp.call_tool("crm.note.create", {**notes[0], "run": f"{handle}-x"}))
+            return handle, steps, again
+    handle, steps, again = asyncio.run(calls())
+    assert all(s["status"] in ("succeeded", "in_progress") for s in steps), steps
+    assert again["operation_id"] == steps[0]["operation_id"]
+    expected = ([(20, 0, 2)], sorted(s["operation_id"] for s in steps))
+    assert wait_until(lambda: _run_budget(p, "user:alice", handle) == expected, timeout=60), (
+        _run_budget(p, "user:alice", handle))
+    # The replay in the other run reserved nothing (its budget row, if made, is unspent).
+    rows, reserved = _run_budget(p, "user:alice", f"{handle}-x")
+    assert reserved == [] and all(row[1:] == (0, 0) for row in rows), rows

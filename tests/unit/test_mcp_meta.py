@@ -61,3 +61,12 @@ async def test_the_gateway_client_sends_the_trace_to_ingress() -> None:
     assert seen and seen[0].headers["traceparent"] == TRACEPARENT
     assert seen[0].headers["authorization"] == "Bearer t"  # a trace cannot name another caller
     assert json.loads(seen[0].content)["action"] == "crm.note.create"
+
+
+def test_the_run_opener_answers_a_fresh_handle_and_takes_no_arguments() -> None:
+    from agentledger import identity
+    one, two = runs.opened({}), runs.opened({})
+    assert one.status == "run_opened" and not one.is_error and one.run != two.run
+    assert one.run is not None and identity.is_run_name(one.run)
+    assert one.structured() == {"status": "run_opened", "run": one.run}
+    assert runs.opened({"name": "x"}).status == "refused"

@@ -105,8 +105,10 @@ class Calls:
         spec = self.catalog.allowlist.actions.get(name)
         if spec is None or name not in self.catalog.effects(caller.session):
             raise MCPError(INVALID_PARAMS, f"no tool named {name[:64]!r} for this caller")
+        # The run does not change which operation a call is: the key is derived without it.
+        keyed = {k: v for k, v in tool_input.items() if k != tools.RUN}
         try:
-            key = idempotency.key_for(meta, caller.session.principal_id, name, tool_input)
+            key = idempotency.key_for(meta, caller.session.principal_id, name, keyed)
             run = runs.run_for(meta, session_run)
         except errors.ValidationFailed as exc:
             raise MCPError(INVALID_PARAMS, exc.message) from exc
@@ -114,6 +116,7 @@ class Calls:
             proposal = tools.split(spec, tool_input)
         except errors.InvalidArguments as exc:
             return self._answered(name, results.from_error(exc, None, key))
+        run = proposal.run or run  # the handle passed as an argument comes first
         gateway = self._gateway(caller)
         since = datetime.now(UTC)
         try:

@@ -43,8 +43,9 @@ from agentledger.mcp import directory, tools
 Status = Literal[
     "succeeded", "pending_approval", "in_progress", "unknown", "rejected", "conflict",
     "refused", "unavailable", "not_found", "denied", "expired", "review_required", "failed",
+    "run_opened",
 ]
-NOT_ERRORS: Final = frozenset({"succeeded", "pending_approval", "in_progress"})
+NOT_ERRORS: Final = frozenset({"succeeded", "pending_approval", "in_progress", "run_opened"})
 STATUSES: Final[tuple[str, ...]] = typing.get_args(Status)
 
 # Every tool's `outputSchema`: the answer's `structuredContent`, one object whatever the
@@ -62,6 +63,7 @@ OUTPUT_SCHEMA: Final[dict[str, Any]] = {
         "approval_url": {"type": "string", "format": "uri"},
         "code": {"type": "string"},
         "reason": {"type": "string"},
+        "run": {"type": "string", "maxLength": 128},
         "violations": {"type": "array", "items": {
             "type": "object", "properties": {"path": {"type": "string"},
                                              "message": {"type": "string"}}}},
@@ -82,6 +84,7 @@ class Answer:
     code: str | None = None
     reason: str | None = None
     violations: Sequence[Mapping[str, str]] = field(default_factory=tuple)
+    run: str | None = None
 
     @property
     def is_error(self) -> bool:
@@ -91,7 +94,7 @@ class Answer:
         """The ``structuredContent`` object: every known field, ids as strings."""
         found: dict[str, Any] = {"status": self.status}
         for name in ("operation_id", "idempotency_key", "receipt", "approval_id",
-                     "approval_url", "code", "reason"):
+                     "approval_url", "code", "reason", "run"):
             value = getattr(self, name)
             if value is not None:
                 found[name] = str(value)
@@ -103,6 +106,9 @@ class Answer:
         """One paragraph a model reads: the status, what it means, what to do next."""
         op = f"operation {self.operation_id}"
         ask = f"Ask {tools.STATUS_TOOL} with operation_id {self.operation_id} for news."
+        if self.status == "run_opened":
+            return (f"run_opened: pass run={self.run} as the `run` argument of each call that "
+                    "is a step of this run; its steps share one budget.")
         if self.status == "succeeded":
             return f"succeeded: {op} took effect; receipt {self.receipt}."
         if self.status == "pending_approval":

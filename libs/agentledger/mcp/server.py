@@ -147,6 +147,8 @@ def build(settings: McpSettings, authenticator: auth.Gate, *,
         tool_input = params.arguments or {}
         if params.name == tools.STATUS_TOOL:
             answer = await ctx.lifespan_context.status(caller, tool_input)
+        elif params.name == tools.OPEN_RUN_TOOL:
+            answer = runs.opened(tool_input)
         else:
             answer = await ctx.lifespan_context.call(
                 caller, params.name, tool_input, params.meta,
