@@ -50,6 +50,9 @@ class NewApproval:
     # The full evidence (with excerpts), encrypted with the tenant's key (None: no evidence).
     evidence_ciphertext: bytes | None = None
     evidence_key_version: int | None = None
+    # The operator's budgets the command falls under (JSON, issue 42): reserved with the
+    # request, released if it is denied, expires or is superseded.
+    charges: str | None = None
 
 
 @dataclass(frozen=True)
@@ -112,10 +115,12 @@ class Requested:
     ``pending``: a request waits for a decision (new, or the same one again); ``admitted``:
     the intent already has a command with this hash (a replay); ``conflict``: it has one
     with another hash; ``replayed_envelope``: this proposal id was requested before with
-    another hash — its envelope reused for other content; nothing was written.
+    another hash — its envelope reused for other content; nothing was written;
+    ``budget_refused``: the operator's budget ``refused_by`` has no room (audited).
     """
 
-    status: Literal["pending", "admitted", "conflict", "replayed_envelope"]
+    status: Literal["pending", "admitted", "conflict", "replayed_envelope", "budget_refused"]
+    refused_by: str | None = None
     approval: Approval | None = None
     recorded: ledger.Recorded | None = None
     superseded: UUID | None = None
@@ -184,6 +189,12 @@ async def request(
             # Closed first (one pending request per intent), linked once the new one exists.
             await tx.execute(Q["supersede"], cmd.tenant_id, superseded, "system:revision",
                              "a revised proposal replaced it; it needs its own decision", None)
+        if new.charges is not None:
+            # Reserved while a person decides, so pending requests cannot overshoot together.
+            refused = await ledger.charge_budgets(tx, cmd.tenant_id, cmd.operation_id,
+                                                  new.charges)
+            if refused is not None:
+                return Requested("budget_refused", refused_by=refused.budget)
         row = await tx.fetchrow(
             Q["insert_request"], approval_id, cmd.tenant_id, cmd.operation_id, new.proposal_id,
             cmd.principal_id, cmd.action, cmd.connector, cmd.resource_id, cmd.expected_revision,

@@ -35,3 +35,10 @@ FROM command_resolution WHERE tenant_id = $1 AND operation_id = $2 ORDER BY reso
 -- The audit ledger's events for the operation, in the order they were recorded.
 SELECT event_id, seq, type, payload, recorded_at, traceparent
 FROM audit_event WHERE tenant_id = $1 AND operation_id = $2 ORDER BY seq;
+
+-- name: budget_charges --
+-- What the operation was charged against the operator's budgets (issue 42), and whether the
+-- charge is still reserved, settled or released.
+SELECT budget, scope, scope_key, window_kind, window_start, unit, currency, amount,
+       limit_amount, state, created_at, settled_at
+FROM budget_charge WHERE tenant_id = $1 AND operation_id = $2 ORDER BY created_at, budget;
