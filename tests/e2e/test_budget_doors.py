@@ -155,5 +155,13 @@ def test_forty_refunds_through_ingress_and_mcp_admit_exactly_the_days_cap(
         p, "SELECT reserved, used FROM budget_window WHERE tenant_id = %s AND budget = %s",
         p.tenant, CAP) == [(0, 100_000)], timeout=120), _ledger(
         p, "SELECT reserved, used FROM budget_window WHERE tenant_id = %s", p.tenant)
-    refunds = [e for e in asyncio.run(p.crm.effects(p.tenant)) if e["kind"] == "refund.created"]
-    assert sorted(e["idempotency_key"] for e in refunds) == sorted(admitted_ops)
+    # The provider's refunds: one per admitted operation's invoice, none for a refused one.
+    invoice_of = {op: f"inv-door-{n}" for n, op in enumerate(ingress_ops + mcp_ops)}
+    conn = psycopg2.connect(p.crm.database_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT invoice_id FROM crm_refund WHERE tenant_id = %s", (p.tenant,))
+            refunded = sorted(str(row[0]) for row in cur.fetchall())
+    finally:
+        conn.close()
+    assert refunded == sorted(invoice_of[op] for op in admitted_ops)
