@@ -631,13 +631,35 @@ CREATE TABLE public.approval_request (
     evidence_ciphertext bytea,
     evidence_key_version integer,
     payload_purged_at timestamp with time zone,
+    required_approvals integer DEFAULT 1 NOT NULL,
+    approver_role text,
+    quorum_rule text,
+    CONSTRAINT approval_request_approver_role_check CHECK (((length(approver_role) >= 1) AND (length(approver_role) <= 100))),
     CONSTRAINT approval_request_check CHECK (((state = 'pending'::text) OR (decided_at IS NOT NULL))),
     CONSTRAINT approval_request_payload_kept CHECK (((state <> 'pending'::text) OR ((payload_ciphertext IS NOT NULL) AND (payload_key_version IS NOT NULL)))),
+    CONSTRAINT approval_request_quorum_rule_check CHECK (((length(quorum_rule) >= 1) AND (length(quorum_rule) <= 64))),
     CONSTRAINT approval_request_request_hash_check CHECK ((octet_length(request_hash) = 32)),
+    CONSTRAINT approval_request_required_approvals_check CHECK (((required_approvals >= 1) AND (required_approvals <= 20))),
     CONSTRAINT approval_request_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'approved'::text, 'denied'::text, 'expired'::text, 'superseded'::text])))
 );
 
 ALTER TABLE ONLY public.approval_request FORCE ROW LEVEL SECURITY;
+
+--
+-- Name: approval_vote; Type: TABLE; Schema: public
+--
+
+CREATE TABLE public.approval_vote (
+    tenant_id uuid NOT NULL,
+    approval_id uuid NOT NULL,
+    approver text NOT NULL,
+    request_hash bytea NOT NULL,
+    decision_id uuid NOT NULL,
+    voted_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT approval_vote_approver_check CHECK (((length(approver) >= 1) AND (length(approver) <= 200)))
+);
+
+ALTER TABLE ONLY public.approval_vote FORCE ROW LEVEL SECURITY;
 
 --
 -- Name: audit_event; Type: TABLE; Schema: public
@@ -957,6 +979,13 @@ ALTER TABLE ONLY public.approval_request
     ADD CONSTRAINT approval_request_pkey PRIMARY KEY (approval_id);
 
 --
+-- Name: approval_vote approval_vote_pkey; Type: CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.approval_vote
+    ADD CONSTRAINT approval_vote_pkey PRIMARY KEY (tenant_id, approval_id, approver);
+
+--
 -- Name: audit_event audit_event_pkey; Type: CONSTRAINT; Schema: public
 --
 
@@ -1158,6 +1187,13 @@ ALTER TABLE ONLY public.approval_request
     ADD CONSTRAINT approval_request_superseded_by_fkey FOREIGN KEY (superseded_by) REFERENCES public.approval_request(approval_id);
 
 --
+-- Name: approval_vote approval_vote_approval_id_fkey; Type: FK CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.approval_vote
+    ADD CONSTRAINT approval_vote_approval_id_fkey FOREIGN KEY (approval_id) REFERENCES public.approval_request(approval_id);
+
+--
 -- Name: budget_reservation budget_reservation_tenant_id_workflow_id_kind_fkey; Type: FK CONSTRAINT; Schema: public
 --
 
@@ -1196,6 +1232,12 @@ ALTER TABLE public.agent_command ENABLE ROW LEVEL SECURITY;
 --
 
 ALTER TABLE public.approval_request ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: approval_vote; Type: ROW SECURITY; Schema: public
+--
+
+ALTER TABLE public.approval_vote ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: audit_event audit_copy; Type: POLICY; Schema: public
@@ -1394,6 +1436,12 @@ CREATE POLICY tenant_isolation ON public.agent_command TO agentledger_admission,
 --
 
 CREATE POLICY tenant_isolation ON public.approval_request TO agentledger_admission, agentledger_reconciler, agentledger_auditor USING ((tenant_id = public.agentledger_current_tenant())) WITH CHECK ((tenant_id = public.agentledger_current_tenant()));
+
+--
+-- Name: approval_vote tenant_isolation; Type: POLICY; Schema: public
+--
+
+CREATE POLICY tenant_isolation ON public.approval_vote TO agentledger_admission, agentledger_auditor USING ((tenant_id = public.agentledger_current_tenant())) WITH CHECK ((tenant_id = public.agentledger_current_tenant()));
 
 --
 -- Name: audit_event tenant_isolation; Type: POLICY; Schema: public
@@ -1813,6 +1861,13 @@ GRANT UPDATE(evidence_key_version) ON TABLE public.approval_request TO agentledg
 --
 
 GRANT UPDATE(payload_purged_at) ON TABLE public.approval_request TO agentledger_maintenance;
+
+--
+-- Name: TABLE approval_vote; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT ON TABLE public.approval_vote TO agentledger_admission;
+GRANT SELECT ON TABLE public.approval_vote TO agentledger_auditor;
 
 --
 -- Name: TABLE audit_event; Type: ACL; Schema: public

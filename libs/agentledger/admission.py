@@ -24,6 +24,7 @@ import asyncpg
 from opentelemetry.trace import get_tracer
 
 from agentledger import budgets, canonical, errors, faults, identity
+from agentledger.approvals import quorum as quorum_mod
 from agentledger.approvals import repository as approvals
 from agentledger.budgets import rules as operator_budgets
 from agentledger.contracts import admission as admission_contract
@@ -69,6 +70,7 @@ class _Decided:
     admitted: repository.AdmitResult | None = None
     pending: repository.NewCommand | None = None  # the command an approver must decide on
     charges: str | None = None  # the pending command's budget charges (JSON), reserved with it
+    quorum: quorum_mod.Quorum = quorum_mod.ONE  # how many approvers the pending command needs
 
 
 @dataclass
@@ -89,6 +91,8 @@ class Admitter:
     # The clock that puts a command in its budget window (calendar UTC hour/day). The seam
     # tests move to the next day instead of sleeping; services use the system clock.
     clock: operator_budgets.Clock = operator_budgets.system_clock
+    # The operator's N-of-M approval rules (issue 42): who, and how many, must approve.
+    approval_rules: quorum_mod.ApprovalRules = field(default_factory=quorum_mod.ApprovalRules.empty)
     decision_ttl: timedelta = DEFAULT_DECISION_TTL
     approval_ttl: timedelta = DEFAULT_APPROVAL_TTL
     # Admission transactions of one tenant that overlap share one COMMIT (group commit);
@@ -203,7 +207,8 @@ class Admitter:
                     tracestate=trace.tracestate if trace else None)
                 charges = self._charges(proposal, spec, checked)
                 if approval:
-                    return _Decided(decision, record, pending=command, charges=charges)
+                    return _Decided(decision, record, pending=command, charges=charges,
+                                    quorum=self.approval_rules.quorum(spec.name, arguments))
                 found = await self._admit_allowed(
                     tx, proposal, spec, checked.workflow_id, command, decision, record, charges)
                 if isinstance(found, errors.BudgetExhausted):
@@ -224,7 +229,7 @@ class Admitter:
             async with self.pool.acquire() as conn:
                 return await self._request_approval(
                     conn, proposal, spec, decided.pending, decided.record, base,
-                    decided.charges)
+                    decided.charges, decided.quorum)
         if admitted.status == "conflict":
             return _conflict(base)
         return AdmissionResultV1(
@@ -417,7 +422,7 @@ class Admitter:
     async def _request_approval(
         self, conn: repository.Conn, proposal: ProposalV1, spec: allowlist_mod.ActionSpec,
         command: repository.NewCommand, record: Any, base: dict[str, Any],
-        charges: str | None = None,
+        charges: str | None = None, quorum: quorum_mod.Quorum = quorum_mod.ONE,
     ) -> AdmissionResultV1:
         # Evidence excerpts are business data the planner read: encrypted at rest like the
         # payload (R3.6); the row keeps refs, sources and digests in the clear.
@@ -431,6 +436,7 @@ class Admitter:
             command=command, proposal_id=proposal.proposal_id, risk=spec.risk,
             evidence=[{k: v for k, v in e.items() if k != "excerpt"} for e in full],
             evidence_ciphertext=sealed[0], evidence_key_version=sealed[1], charges=charges,
+            quorum=quorum,
         ), also=record, audit=_proposal_audit(proposal, spec))
         if requested.status == "budget_refused":
             assert requested.refused_by is not None

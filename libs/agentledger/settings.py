@@ -32,6 +32,8 @@ PolicyDir = Annotated[Path | None, Field(validation_alias="AGENTLEDGER_POLICY_DI
 # The operator's budgets over runs, principals and tenants (agentledger.budgets.rules); unset:
 # none beyond the per-run tool-call budget.
 BudgetsPath = Annotated[Path | None, Field(validation_alias="AGENTLEDGER_BUDGETS")]
+# The operator's N-of-M approval rules (agentledger.approvals.quorum); unset: one approver.
+ApprovalsPath = Annotated[Path | None, Field(validation_alias="AGENTLEDGER_APPROVALS")]
 
 
 class Settings(BaseSettings):
@@ -67,6 +69,7 @@ class PolicySources(BaseSettings):
     allowlist: AllowlistPath = None
     policy_dir: PolicyDir = None
     budgets: BudgetsPath = None
+    approvals: ApprovalsPath = None
 
 
 def load() -> Settings:

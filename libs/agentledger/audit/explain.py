@@ -73,6 +73,10 @@ class ApprovalSummary(_Row):
     decision_reason: str | None
     expires_at: str | None
     superseded_by: str | None
+    # N-of-M (issue 42): distinct approvers of ``approver_role`` needed, and who approved.
+    required_approvals: int = 1
+    approver_role: str | None = None
+    approved_by: list[str] = []
 
 
 class BudgetCharge(_Row):
@@ -227,7 +231,7 @@ async def explain(conn: ledger.Conn, tenant_id: UUID, operation_id: UUID) -> Exp
         command = await tx.fetchrow(Q["command"], tenant_id, operation_id)
         decisions = [_plain(r, ("reasons",))
                      for r in await tx.fetch(Q["decisions"], tenant_id, operation_id)]
-        approvals = [_plain(r, ("evidence",))
+        approvals = [_plain(r, ("evidence", "approved_by"))
                      for r in await tx.fetch(Q["approvals"], tenant_id, operation_id)]
         attempts = [_plain(r) for r in await tx.fetch(Q["attempts"], tenant_id, operation_id)]
         resolutions = [_plain(r) for r in

@@ -33,6 +33,8 @@ def check_config(
     )] = None,
     budgets: Annotated[Path | None, typer.Option(
         help="Budgets file (default: AGENTLEDGER_BUDGETS, else none)")] = None,
+    approvals: Annotated[Path | None, typer.Option(
+        help="N-of-M approval rules file (default: AGENTLEDGER_APPROVALS, else none)")] = None,
     connectors: Annotated[str | None, typer.Option(
         help="Connectors and their options as JSON (default: AGENTLEDGER_CONNECTORS, else "
              "the demo's crm and billing)")] = None,
@@ -49,7 +51,7 @@ def check_config(
         raise typer.Exit(2) from exc
     report = check_mod.check(allowlist or found.allowlist, policies or found.policy_dir,
                              plugins.configured(options, DEMO_CRM_URL),
-                             budgets or found.budgets)
+                             budgets or found.budgets, approvals or found.approvals)
     if as_json:
         print(json.dumps({"ok": report.ok, **vars(report)}, indent=2, default=str))
     else:
@@ -72,6 +74,11 @@ def _render(report: check_mod.Report) -> None:
         console.print(f"budget [bold]{b['name']}[/bold]: {b['limit']} {b['unit']}{money} per "
                       f"{b['scope']} per {b['window']} on "
                       f"{', '.join(b.get('actions') or ['every action'])}", highlight=False)
+    for q in report.quorum_rules:
+        above = (f" with {q['argument']} above {q['above']}" if q.get("argument") else "")
+        console.print(f"approval rule [bold]{q['name']}[/bold]: {q['action']}{above} needs "
+                      f"{q['required']} of {len(q['members'])} approvers of role {q['role']} "
+                      f"(group {q['group']})", highlight=False)
     if report.roles:
         table = Table(title="What a principal with one role gets (arguments not applied)")
         actions = sorted(report.actions)

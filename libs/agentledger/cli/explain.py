@@ -52,6 +52,10 @@ def render(found: audit_explain.Explanation, console: Console,
     for a in found.permitted.approvals:
         console.print(f"  approval {a.approval_id}: {a.state} by {a.decided_by} "
                       f"({a.decision_reason})", highlight=False)
+        if a.required_approvals > 1:
+            console.print(f"    needs {a.required_approvals} approvers of role "
+                          f"{a.approver_role}; approved by {', '.join(a.approved_by) or 'nobody'}",
+                          highlight=False)
     for c in found.permitted.budget_charges:
         console.print(f"  budget {c.budget} ({c.scope} {c.scope_key}, {c.window_kind} "
                       f"{c.window_start or ''}): {_units(c.amount, c.unit, c.currency)} of "

@@ -335,3 +335,23 @@ budget_charge = Table(
     _ts("created_at", nullable=False, default_now=True),
     _ts("settled_at"),
 )
+
+
+# --- N-of-M approvals (migration 0041) ----------------------------------------------------
+
+approval_request.append_column(
+    Column("required_approvals", Integer, nullable=False, server_default=text("1")))
+approval_request.append_column(Column("approver_role", Text))
+approval_request.append_column(Column("quorum_rule", Text))
+
+approval_vote = Table(
+    "approval_vote",
+    metadata,
+    Column("tenant_id", UUID(as_uuid=True), primary_key=True),
+    Column("approval_id", UUID(as_uuid=True), ForeignKey("approval_request.approval_id"),
+           primary_key=True),
+    Column("approver", Text, primary_key=True),
+    Column("request_hash", LargeBinary, nullable=False),
+    Column("decision_id", UUID(as_uuid=True), nullable=False),
+    _ts("voted_at", nullable=False, default_now=True),
+)
