@@ -288,3 +288,24 @@ async def test_the_budget_counter_is_least_privilege(world: World) -> None:
         assert f["prosecdef"] and not f["public_exec"], f
         assert f["proconfig"] == ["search_path=pg_catalog, public, pg_temp"], f
     assert writes is False
+
+
+async def test_an_expired_approval_gives_its_charge_back_through_the_reconcilers_sweep(
+    world: World,
+) -> None:
+    # The sweep runs as the reconciler across tenants, with no tenant bound: the release
+    # trigger still finds the charge (its owner sees every tenant's budget rows).
+    t = await world.tenant()
+    day = datetime(2026, 12, 8, 10, tzinfo=UTC)
+    admitter = _admitter(world, Clock(day))
+    pending = await admitter.admit(refund(t, uuid.uuid4(), 30_000))
+    assert pending.status == "pending_approval" and pending.approval_id is not None
+    assert await _window(world, t, day.replace(hour=0)) == (30_000, 0)
+    async with world.owner.acquire() as conn:
+        await conn.execute("UPDATE approval_request SET expires_at = now() - interval '1 second'"
+                           " WHERE approval_id = $1", pending.approval_id)
+    async with world.reconciler_pool.acquire() as conn:
+        expired = await approvals.expire_due(conn)
+    assert (t.tenant_id, pending.approval_id) in expired
+    assert await _window(world, t, day.replace(hour=0)) == (0, 0)
+    assert await _charges(world, t) == {"released": 1}
