@@ -67,6 +67,136 @@ CREATE FUNCTION public.agentledger_audit_leaf_hash(p_event_id uuid, p_tenant uui
 $$;
 
 --
+-- Name: agentledger_budget_charge_v1(uuid, uuid, jsonb); Type: FUNCTION; Schema: public; Owner: agentledger_budget_counter
+--
+
+CREATE FUNCTION public.agentledger_budget_charge_v1(p_tenant uuid, p_operation uuid, p_charges jsonb) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    AS $$
+DECLARE
+  v_fresh jsonb;
+  v_refused record;
+BEGIN
+  IF p_tenant IS NULL OR p_tenant IS DISTINCT FROM agentledger_current_tenant() THEN
+    RAISE EXCEPTION 'budget tenant is not the transaction''s tenant'
+      USING ERRCODE = 'insufficient_privilege';
+  END IF;
+  -- A per-call budget needs no running total: the amount alone is checked.
+  SELECT c.budget, c.scope, c.scope_key, c.window_kind, c.window_start, c.unit, c.currency,
+         c.amount, c."limit", 0::bigint AS spent
+  INTO v_refused
+  FROM jsonb_to_recordset(p_charges) AS c(budget text, scope text, scope_key text,
+       window_kind text, window_start timestamptz, unit text, currency text, amount bigint,
+       "limit" bigint)
+  WHERE c.window_kind = 'call' AND c.amount > c."limit"
+  ORDER BY c.budget LIMIT 1;
+  IF NOT FOUND THEN
+    -- The charges this operation does not hold yet (waits for a concurrent first admission
+    -- of the same key, then skips what it charged).
+    WITH fresh AS (
+      INSERT INTO budget_charge (tenant_id, operation_id, budget, scope, scope_key,
+                                 window_kind, window_start, unit, currency, amount,
+                                 limit_amount)
+      SELECT p_tenant, p_operation, c.budget, c.scope, c.scope_key, c.window_kind,
+             c.window_start, c.unit, c.currency, c.amount, c."limit"
+      FROM jsonb_to_recordset(p_charges) AS c(budget text, scope text, scope_key text,
+           window_kind text, window_start timestamptz, unit text, currency text,
+           amount bigint, "limit" bigint)
+      ON CONFLICT (tenant_id, operation_id, budget) WHERE state <> 'released' DO NOTHING
+      RETURNING budget, scope, scope_key, window_kind, window_start, unit, currency, amount,
+                limit_amount
+    )
+    SELECT jsonb_agg(to_jsonb(fresh)) INTO v_fresh FROM fresh;
+    IF v_fresh IS NULL THEN
+      RETURN NULL;  -- counted already
+    END IF;
+    INSERT INTO budget_window (tenant_id, budget, scope_key, window_start, limit_amount)
+    SELECT p_tenant, f.budget, f.scope_key, f.window_start, f.limit_amount
+    FROM jsonb_to_recordset(v_fresh) AS f(budget text, scope_key text, window_start timestamptz,
+         limit_amount bigint)
+    WHERE f.window_start IS NOT NULL
+    ORDER BY f.budget, f.scope_key, f.window_start
+    ON CONFLICT DO NOTHING;
+    PERFORM 1 FROM budget_window AS w
+    WHERE w.tenant_id = p_tenant
+      AND (w.budget, w.scope_key, w.window_start) IN (
+        SELECT f.budget, f.scope_key, f.window_start
+        FROM jsonb_to_recordset(v_fresh) AS f(budget text, scope_key text,
+             window_start timestamptz))
+    ORDER BY w.budget, w.scope_key, w.window_start
+    FOR UPDATE;
+    -- Under the locks, this statement's snapshot holds every committed charge.
+    SELECT f.budget, f.scope, f.scope_key, f.window_kind, f.window_start, f.unit, f.currency,
+           f.amount, f.limit_amount AS "limit", w.reserved + w.used AS spent
+    INTO v_refused
+    FROM jsonb_to_recordset(v_fresh) AS f(budget text, scope text, scope_key text,
+         window_kind text, window_start timestamptz, unit text, currency text, amount bigint,
+         limit_amount bigint)
+    JOIN budget_window AS w ON w.tenant_id = p_tenant AND w.budget = f.budget
+      AND w.scope_key = f.scope_key AND w.window_start = f.window_start
+    WHERE w.reserved + w.used + f.amount > f.limit_amount
+    ORDER BY f.budget LIMIT 1;
+    IF NOT FOUND THEN
+      UPDATE budget_window AS w
+      SET reserved = w.reserved + f.amount, limit_amount = f.limit_amount, updated_at = now()
+      FROM jsonb_to_recordset(v_fresh) AS f(budget text, scope_key text,
+           window_start timestamptz, amount bigint, limit_amount bigint)
+      WHERE w.tenant_id = p_tenant AND w.budget = f.budget AND w.scope_key = f.scope_key
+        AND w.window_start = f.window_start;
+      RETURN NULL;
+    END IF;
+    DELETE FROM budget_charge AS b
+    WHERE b.tenant_id = p_tenant AND b.operation_id = p_operation AND b.state = 'reserved'
+      AND b.budget IN (SELECT f.budget FROM jsonb_to_recordset(v_fresh) AS f(budget text));
+  END IF;
+  INSERT INTO event_outbox (tenant_id, operation_id, aggregatetype, aggregateid, type, payload)
+  VALUES (p_tenant, p_operation, 'audit', p_tenant::text, 'budget.exhausted',
+          jsonb_build_object('operation_id', p_operation, 'budget', v_refused.budget,
+                             'scope', v_refused.scope, 'scope_key', v_refused.scope_key,
+                             'window', v_refused.window_kind,
+                             'window_start', v_refused.window_start,
+                             'unit', v_refused.unit, 'currency', v_refused.currency,
+                             'amount', v_refused.amount, 'limit', v_refused."limit",
+                             'spent', v_refused.spent));
+  RETURN v_refused.budget;
+END $$;
+
+ALTER FUNCTION public.agentledger_budget_charge_v1(p_tenant uuid, p_operation uuid, p_charges jsonb) OWNER TO agentledger_budget_counter;
+
+--
+-- Name: agentledger_budget_on_command_end_v1(); Type: FUNCTION; Schema: public; Owner: agentledger_budget_counter
+--
+
+CREATE FUNCTION public.agentledger_budget_on_command_end_v1() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    AS $$
+BEGIN
+  PERFORM agentledger_budget_settle_charges_v1(
+    NEW.tenant_id, NEW.operation_id,
+    CASE WHEN NEW.state = 'succeeded' THEN 'settled' ELSE 'released' END);
+  RETURN NULL;
+END $$;
+
+ALTER FUNCTION public.agentledger_budget_on_command_end_v1() OWNER TO agentledger_budget_counter;
+
+--
+-- Name: agentledger_budget_on_request_end_v1(); Type: FUNCTION; Schema: public; Owner: agentledger_budget_counter
+--
+
+CREATE FUNCTION public.agentledger_budget_on_request_end_v1() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    AS $$
+BEGIN
+  PERFORM agentledger_budget_settle_charges_v1(NEW.tenant_id, NEW.operation_id, 'released');
+  RETURN NULL;
+END $$;
+
+ALTER FUNCTION public.agentledger_budget_on_request_end_v1() OWNER TO agentledger_budget_counter;
+
+--
 -- Name: agentledger_budget_open_default(uuid, text, text); Type: FUNCTION; Schema: public; Owner: agentledger_budget_keeper
 --
 
@@ -213,6 +343,31 @@ BEGIN
 END $$;
 
 ALTER FUNCTION public.agentledger_budget_settle(p_tenant uuid, p_reservation_id uuid, p_used bigint) OWNER TO agentledger_budget_keeper;
+
+--
+-- Name: agentledger_budget_settle_charges_v1(uuid, uuid, text); Type: FUNCTION; Schema: public; Owner: agentledger_budget_counter
+--
+
+CREATE FUNCTION public.agentledger_budget_settle_charges_v1(p_tenant uuid, p_operation uuid, p_state text) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    AS $$
+BEGIN
+  WITH moved AS (
+    UPDATE budget_charge AS b SET state = p_state, settled_at = now()
+    WHERE b.tenant_id = p_tenant AND b.operation_id = p_operation AND b.state = 'reserved'
+    RETURNING b.budget, b.scope_key, b.window_start, b.amount
+  )
+  UPDATE budget_window AS w
+  SET reserved = w.reserved - m.amount,
+      used = w.used + CASE WHEN p_state = 'settled' THEN m.amount ELSE 0 END,
+      updated_at = now()
+  FROM moved AS m
+  WHERE w.tenant_id = p_tenant AND w.budget = m.budget AND w.scope_key = m.scope_key
+    AND w.window_start = m.window_start;
+END $$;
+
+ALTER FUNCTION public.agentledger_budget_settle_charges_v1(p_tenant uuid, p_operation uuid, p_state text) OWNER TO agentledger_budget_counter;
 
 --
 -- Name: agentledger_copy_audit_events_v3(); Type: FUNCTION; Schema: public; Owner: agentledger_audit_writer
@@ -596,13 +751,35 @@ CREATE TABLE public.approval_request (
     evidence_ciphertext bytea,
     evidence_key_version integer,
     payload_purged_at timestamp with time zone,
+    required_approvals integer DEFAULT 1 NOT NULL,
+    approver_role text,
+    quorum_rule text,
+    CONSTRAINT approval_request_approver_role_check CHECK (((length(approver_role) >= 1) AND (length(approver_role) <= 100))),
     CONSTRAINT approval_request_check CHECK (((state = 'pending'::text) OR (decided_at IS NOT NULL))),
     CONSTRAINT approval_request_payload_kept CHECK (((state <> 'pending'::text) OR ((payload_ciphertext IS NOT NULL) AND (payload_key_version IS NOT NULL)))),
+    CONSTRAINT approval_request_quorum_rule_check CHECK (((length(quorum_rule) >= 1) AND (length(quorum_rule) <= 64))),
     CONSTRAINT approval_request_request_hash_check CHECK ((octet_length(request_hash) = 32)),
+    CONSTRAINT approval_request_required_approvals_check CHECK (((required_approvals >= 1) AND (required_approvals <= 20))),
     CONSTRAINT approval_request_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'approved'::text, 'denied'::text, 'expired'::text, 'superseded'::text])))
 );
 
 ALTER TABLE ONLY public.approval_request FORCE ROW LEVEL SECURITY;
+
+--
+-- Name: approval_vote; Type: TABLE; Schema: public
+--
+
+CREATE TABLE public.approval_vote (
+    tenant_id uuid NOT NULL,
+    approval_id uuid NOT NULL,
+    approver text NOT NULL,
+    request_hash bytea NOT NULL,
+    decision_id uuid NOT NULL,
+    voted_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT approval_vote_approver_check CHECK (((length(approver) >= 1) AND (length(approver) <= 200)))
+);
+
+ALTER TABLE ONLY public.approval_vote FORCE ROW LEVEL SECURITY;
 
 --
 -- Name: audit_checkpoint; Type: TABLE; Schema: public
@@ -708,6 +885,41 @@ WITH (fillfactor='80');
 ALTER TABLE ONLY public.budget FORCE ROW LEVEL SECURITY;
 
 --
+-- Name: budget_charge; Type: TABLE; Schema: public
+--
+
+CREATE TABLE public.budget_charge (
+    charge_id uuid DEFAULT gen_random_uuid() NOT NULL,
+    tenant_id uuid NOT NULL,
+    operation_id uuid NOT NULL,
+    budget text NOT NULL,
+    scope text NOT NULL,
+    scope_key text NOT NULL,
+    window_kind text NOT NULL,
+    window_start timestamp with time zone,
+    unit text NOT NULL,
+    currency text,
+    amount bigint NOT NULL,
+    limit_amount bigint NOT NULL,
+    state text DEFAULT 'reserved'::text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    settled_at timestamp with time zone,
+    CONSTRAINT budget_charge_amount_check CHECK ((amount > 0)),
+    CONSTRAINT budget_charge_budget_check CHECK (((length(budget) >= 1) AND (length(budget) <= 64))),
+    CONSTRAINT budget_charge_currency_check CHECK ((currency ~ '^[A-Z]{3}$'::text)),
+    CONSTRAINT budget_charge_limit_amount_check CHECK ((limit_amount >= 0)),
+    CONSTRAINT budget_charge_scope_check CHECK ((scope = ANY (ARRAY['run'::text, 'principal'::text, 'tenant'::text]))),
+    CONSTRAINT budget_charge_scope_key_check CHECK (((length(scope_key) >= 1) AND (length(scope_key) <= 200))),
+    CONSTRAINT budget_charge_settled CHECK (((state = 'reserved'::text) = (settled_at IS NULL))),
+    CONSTRAINT budget_charge_state_check CHECK ((state = ANY (ARRAY['reserved'::text, 'settled'::text, 'released'::text]))),
+    CONSTRAINT budget_charge_unit_check CHECK ((unit = ANY (ARRAY['calls'::text, 'tokens'::text, 'amount'::text]))),
+    CONSTRAINT budget_charge_window CHECK (((window_kind = 'call'::text) = (window_start IS NULL))),
+    CONSTRAINT budget_charge_window_kind_check CHECK ((window_kind = ANY (ARRAY['call'::text, 'hour'::text, 'day'::text])))
+);
+
+ALTER TABLE ONLY public.budget_charge FORCE ROW LEVEL SECURITY;
+
+--
 -- Name: budget_default; Type: TABLE; Schema: public
 --
 
@@ -744,6 +956,28 @@ CREATE TABLE public.budget_reservation (
 );
 
 ALTER TABLE ONLY public.budget_reservation FORCE ROW LEVEL SECURITY;
+
+--
+-- Name: budget_window; Type: TABLE; Schema: public
+--
+
+CREATE TABLE public.budget_window (
+    tenant_id uuid NOT NULL,
+    budget text NOT NULL,
+    scope_key text NOT NULL,
+    window_start timestamp with time zone NOT NULL,
+    limit_amount bigint NOT NULL,
+    reserved bigint DEFAULT 0 NOT NULL,
+    used bigint DEFAULT 0 NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT budget_window_budget_check CHECK (((length(budget) >= 1) AND (length(budget) <= 64))),
+    CONSTRAINT budget_window_limit_amount_check CHECK ((limit_amount >= 0)),
+    CONSTRAINT budget_window_reserved_check CHECK ((reserved >= 0)),
+    CONSTRAINT budget_window_scope_key_check CHECK (((length(scope_key) >= 1) AND (length(scope_key) <= 200))),
+    CONSTRAINT budget_window_used_check CHECK ((used >= 0))
+);
+
+ALTER TABLE ONLY public.budget_window FORCE ROW LEVEL SECURITY;
 
 --
 -- Name: command_attempt; Type: TABLE; Schema: public
@@ -913,6 +1147,13 @@ ALTER TABLE ONLY public.approval_request
     ADD CONSTRAINT approval_request_pkey PRIMARY KEY (approval_id);
 
 --
+-- Name: approval_vote approval_vote_pkey; Type: CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.approval_vote
+    ADD CONSTRAINT approval_vote_pkey PRIMARY KEY (tenant_id, approval_id, approver);
+
+--
 -- Name: audit_checkpoint audit_checkpoint_pkey; Type: CONSTRAINT; Schema: public
 --
 
@@ -941,6 +1182,13 @@ ALTER TABLE ONLY public.audit_notary_cursor
     ADD CONSTRAINT audit_notary_cursor_pkey PRIMARY KEY (singleton);
 
 --
+-- Name: budget_charge budget_charge_pkey; Type: CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.budget_charge
+    ADD CONSTRAINT budget_charge_pkey PRIMARY KEY (charge_id);
+
+--
 -- Name: budget_default budget_default_pkey; Type: CONSTRAINT; Schema: public
 --
 
@@ -960,6 +1208,13 @@ ALTER TABLE ONLY public.budget
 
 ALTER TABLE ONLY public.budget_reservation
     ADD CONSTRAINT budget_reservation_pkey PRIMARY KEY (reservation_id);
+
+--
+-- Name: budget_window budget_window_pkey; Type: CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.budget_window
+    ADD CONSTRAINT budget_window_pkey PRIMARY KEY (tenant_id, budget, scope_key, window_start);
 
 --
 -- Name: command_attempt command_attempt_pkey; Type: CONSTRAINT; Schema: public
@@ -1060,6 +1315,12 @@ CREATE INDEX audit_event_by_operation ON public.audit_event USING btree (tenant_
 CREATE INDEX audit_event_seq_brin ON public.audit_event USING brin (seq);
 
 --
+-- Name: budget_charge_once; Type: INDEX; Schema: public
+--
+
+CREATE UNIQUE INDEX budget_charge_once ON public.budget_charge USING btree (tenant_id, operation_id, budget) WHERE (state <> 'released'::text);
+
+--
 -- Name: budget_reservation_by_operation; Type: INDEX; Schema: public
 --
 
@@ -1114,11 +1375,30 @@ CREATE TRIGGER audit_event_copy_v3 AFTER INSERT ON public.event_outbox REFERENCI
 CREATE TRIGGER audit_log_append_only BEFORE DELETE OR UPDATE OR TRUNCATE ON public.audit_log FOR EACH STATEMENT EXECUTE FUNCTION public.agentledger_audit_is_append_only();
 
 --
+-- Name: agent_command budget_charge_on_command_end; Type: TRIGGER; Schema: public
+--
+
+CREATE TRIGGER budget_charge_on_command_end AFTER UPDATE OF state ON public.agent_command FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) AND (new.state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'denied'::text, 'expired'::text, 'review_required'::text])))) EXECUTE FUNCTION public.agentledger_budget_on_command_end_v1();
+
+--
+-- Name: approval_request budget_charge_on_request_end; Type: TRIGGER; Schema: public
+--
+
+CREATE TRIGGER budget_charge_on_request_end AFTER UPDATE OF state ON public.approval_request FOR EACH ROW WHEN (((old.state = 'pending'::text) AND (new.state = ANY (ARRAY['denied'::text, 'expired'::text, 'superseded'::text])))) EXECUTE FUNCTION public.agentledger_budget_on_request_end_v1();
+
+--
 -- Name: approval_request approval_request_superseded_by_fkey; Type: FK CONSTRAINT; Schema: public
 --
 
 ALTER TABLE ONLY public.approval_request
     ADD CONSTRAINT approval_request_superseded_by_fkey FOREIGN KEY (superseded_by) REFERENCES public.approval_request(approval_id);
+
+--
+-- Name: approval_vote approval_vote_approval_id_fkey; Type: FK CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.approval_vote
+    ADD CONSTRAINT approval_vote_approval_id_fkey FOREIGN KEY (approval_id) REFERENCES public.approval_request(approval_id);
 
 --
 -- Name: budget_reservation budget_reservation_tenant_id_workflow_id_kind_fkey; Type: FK CONSTRAINT; Schema: public
@@ -1161,6 +1441,12 @@ ALTER TABLE public.agent_command ENABLE ROW LEVEL SECURITY;
 ALTER TABLE public.approval_request ENABLE ROW LEVEL SECURITY;
 
 --
+-- Name: approval_vote; Type: ROW SECURITY; Schema: public
+--
+
+ALTER TABLE public.approval_vote ENABLE ROW LEVEL SECURITY;
+
+--
 -- Name: audit_checkpoint; Type: ROW SECURITY; Schema: public
 --
 
@@ -1197,6 +1483,30 @@ ALTER TABLE public.budget ENABLE ROW LEVEL SECURITY;
 CREATE POLICY budget_audit ON public.event_outbox TO agentledger_budget_keeper USING ((tenant_id = public.agentledger_current_tenant())) WITH CHECK ((tenant_id = public.agentledger_current_tenant()));
 
 --
+-- Name: budget_charge; Type: ROW SECURITY; Schema: public
+--
+
+ALTER TABLE public.budget_charge ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: budget_charge budget_counter; Type: POLICY; Schema: public
+--
+
+CREATE POLICY budget_counter ON public.budget_charge TO agentledger_budget_counter USING (true) WITH CHECK (true);
+
+--
+-- Name: budget_window budget_counter; Type: POLICY; Schema: public
+--
+
+CREATE POLICY budget_counter ON public.budget_window TO agentledger_budget_counter USING (true) WITH CHECK (true);
+
+--
+-- Name: event_outbox budget_counter_audit; Type: POLICY; Schema: public
+--
+
+CREATE POLICY budget_counter_audit ON public.event_outbox FOR INSERT TO agentledger_budget_counter WITH CHECK (((aggregatetype = 'audit'::text) AND (type = 'budget.exhausted'::text) AND (tenant_id = public.agentledger_current_tenant())));
+
+--
 -- Name: budget_default; Type: ROW SECURITY; Schema: public
 --
 
@@ -1207,6 +1517,12 @@ ALTER TABLE public.budget_default ENABLE ROW LEVEL SECURITY;
 --
 
 ALTER TABLE public.budget_reservation ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: budget_window; Type: ROW SECURITY; Schema: public
+--
+
+ALTER TABLE public.budget_window ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: command_attempt; Type: ROW SECURITY; Schema: public
@@ -1365,6 +1681,12 @@ CREATE POLICY tenant_isolation ON public.agent_command TO agentledger_admission,
 CREATE POLICY tenant_isolation ON public.approval_request TO agentledger_admission, agentledger_reconciler, agentledger_auditor USING ((tenant_id = public.agentledger_current_tenant())) WITH CHECK ((tenant_id = public.agentledger_current_tenant()));
 
 --
+-- Name: approval_vote tenant_isolation; Type: POLICY; Schema: public
+--
+
+CREATE POLICY tenant_isolation ON public.approval_vote TO agentledger_admission, agentledger_auditor USING ((tenant_id = public.agentledger_current_tenant())) WITH CHECK ((tenant_id = public.agentledger_current_tenant()));
+
+--
 -- Name: audit_checkpoint tenant_isolation; Type: POLICY; Schema: public
 --
 
@@ -1389,6 +1711,12 @@ CREATE POLICY tenant_isolation ON public.audit_log FOR SELECT TO agentledger_aud
 CREATE POLICY tenant_isolation ON public.budget TO agentledger_admission, agentledger_executor, agentledger_reconciler, agentledger_auditor, agentledger_budget_keeper USING ((tenant_id = public.agentledger_current_tenant())) WITH CHECK ((tenant_id = public.agentledger_current_tenant()));
 
 --
+-- Name: budget_charge tenant_isolation; Type: POLICY; Schema: public
+--
+
+CREATE POLICY tenant_isolation ON public.budget_charge TO agentledger_admission, agentledger_executor, agentledger_reconciler, agentledger_auditor USING ((tenant_id = public.agentledger_current_tenant()));
+
+--
 -- Name: budget_default tenant_isolation; Type: POLICY; Schema: public
 --
 
@@ -1399,6 +1727,12 @@ CREATE POLICY tenant_isolation ON public.budget_default TO agentledger_auditor, 
 --
 
 CREATE POLICY tenant_isolation ON public.budget_reservation TO agentledger_admission, agentledger_executor, agentledger_reconciler, agentledger_auditor, agentledger_budget_keeper USING ((tenant_id = public.agentledger_current_tenant())) WITH CHECK ((tenant_id = public.agentledger_current_tenant()));
+
+--
+-- Name: budget_window tenant_isolation; Type: POLICY; Schema: public
+--
+
+CREATE POLICY tenant_isolation ON public.budget_window TO agentledger_admission, agentledger_executor, agentledger_reconciler, agentledger_auditor USING ((tenant_id = public.agentledger_current_tenant()));
 
 --
 -- Name: command_attempt tenant_isolation; Type: POLICY; Schema: public
@@ -1468,6 +1802,25 @@ REVOKE ALL ON FUNCTION public.agentledger_admitted_hash(tenant uuid, operation u
 GRANT ALL ON FUNCTION public.agentledger_admitted_hash(tenant uuid, operation uuid) TO agentledger_ingress;
 
 --
+-- Name: FUNCTION agentledger_budget_charge_v1(p_tenant uuid, p_operation uuid, p_charges jsonb); Type: ACL; Schema: public; Owner: agentledger_budget_counter
+--
+
+REVOKE ALL ON FUNCTION public.agentledger_budget_charge_v1(p_tenant uuid, p_operation uuid, p_charges jsonb) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.agentledger_budget_charge_v1(p_tenant uuid, p_operation uuid, p_charges jsonb) TO agentledger_admission;
+
+--
+-- Name: FUNCTION agentledger_budget_on_command_end_v1(); Type: ACL; Schema: public; Owner: agentledger_budget_counter
+--
+
+REVOKE ALL ON FUNCTION public.agentledger_budget_on_command_end_v1() FROM PUBLIC;
+
+--
+-- Name: FUNCTION agentledger_budget_on_request_end_v1(); Type: ACL; Schema: public; Owner: agentledger_budget_counter
+--
+
+REVOKE ALL ON FUNCTION public.agentledger_budget_on_request_end_v1() FROM PUBLIC;
+
+--
 -- Name: FUNCTION agentledger_budget_open_default(p_tenant uuid, p_workflow text, p_kind text); Type: ACL; Schema: public; Owner: agentledger_budget_keeper
 --
 
@@ -1494,6 +1847,12 @@ GRANT ALL ON FUNCTION public.agentledger_budget_settle(p_tenant uuid, p_reservat
 GRANT ALL ON FUNCTION public.agentledger_budget_settle(p_tenant uuid, p_reservation_id uuid, p_used bigint) TO agentledger_admission;
 GRANT ALL ON FUNCTION public.agentledger_budget_settle(p_tenant uuid, p_reservation_id uuid, p_used bigint) TO agentledger_executor;
 GRANT ALL ON FUNCTION public.agentledger_budget_settle(p_tenant uuid, p_reservation_id uuid, p_used bigint) TO agentledger_reconciler;
+
+--
+-- Name: FUNCTION agentledger_budget_settle_charges_v1(p_tenant uuid, p_operation uuid, p_state text); Type: ACL; Schema: public; Owner: agentledger_budget_counter
+--
+
+REVOKE ALL ON FUNCTION public.agentledger_budget_settle_charges_v1(p_tenant uuid, p_operation uuid, p_state text) FROM PUBLIC;
 
 --
 -- Name: FUNCTION agentledger_copy_audit_events_v3(); Type: ACL; Schema: public; Owner: agentledger_audit_writer
@@ -1759,6 +2118,13 @@ GRANT UPDATE(evidence_key_version) ON TABLE public.approval_request TO agentledg
 GRANT UPDATE(payload_purged_at) ON TABLE public.approval_request TO agentledger_maintenance;
 
 --
+-- Name: TABLE approval_vote; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT ON TABLE public.approval_vote TO agentledger_admission;
+GRANT SELECT ON TABLE public.approval_vote TO agentledger_auditor;
+
+--
 -- Name: TABLE audit_checkpoint; Type: ACL; Schema: public
 --
 
@@ -1827,6 +2193,16 @@ GRANT UPDATE(used) ON TABLE public.budget TO agentledger_admission;
 GRANT UPDATE(updated_at) ON TABLE public.budget TO agentledger_admission;
 
 --
+-- Name: TABLE budget_charge; Type: ACL; Schema: public
+--
+
+GRANT SELECT ON TABLE public.budget_charge TO agentledger_admission;
+GRANT SELECT ON TABLE public.budget_charge TO agentledger_executor;
+GRANT SELECT ON TABLE public.budget_charge TO agentledger_reconciler;
+GRANT SELECT ON TABLE public.budget_charge TO agentledger_auditor;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.budget_charge TO agentledger_budget_counter;
+
+--
 -- Name: TABLE budget_default; Type: ACL; Schema: public
 --
 
@@ -1842,6 +2218,16 @@ GRANT SELECT ON TABLE public.budget_reservation TO agentledger_executor;
 GRANT SELECT ON TABLE public.budget_reservation TO agentledger_reconciler;
 GRANT SELECT ON TABLE public.budget_reservation TO agentledger_auditor;
 GRANT SELECT,INSERT,UPDATE ON TABLE public.budget_reservation TO agentledger_budget_keeper;
+
+--
+-- Name: TABLE budget_window; Type: ACL; Schema: public
+--
+
+GRANT SELECT ON TABLE public.budget_window TO agentledger_admission;
+GRANT SELECT ON TABLE public.budget_window TO agentledger_executor;
+GRANT SELECT ON TABLE public.budget_window TO agentledger_reconciler;
+GRANT SELECT ON TABLE public.budget_window TO agentledger_auditor;
+GRANT SELECT,INSERT,UPDATE ON TABLE public.budget_window TO agentledger_budget_counter;
 
 --
 -- Name: TABLE command_attempt; Type: ACL; Schema: public
@@ -1897,6 +2283,7 @@ GRANT INSERT ON TABLE public.event_outbox TO agentledger_reconciler;
 GRANT SELECT,DELETE ON TABLE public.event_outbox TO agentledger_relay;
 GRANT INSERT ON TABLE public.event_outbox TO agentledger_budget_keeper;
 GRANT INSERT ON TABLE public.event_outbox TO agentledger_sweeper;
+GRANT INSERT ON TABLE public.event_outbox TO agentledger_budget_counter;
 GRANT INSERT ON TABLE public.event_outbox TO agentledger_notary;
 
 --
@@ -1933,6 +2320,7 @@ GRANT SELECT ON TABLE public.tenant_data_key TO agentledger_reconciler;
 -- agentledger_admission: NOLOGIN
 -- agentledger_audit_writer: NOLOGIN
 -- agentledger_auditor: NOLOGIN
+-- agentledger_budget_counter: NOLOGIN
 -- agentledger_budget_keeper: NOLOGIN
 -- agentledger_executor: NOLOGIN
 -- agentledger_ingress: NOLOGIN

@@ -66,7 +66,7 @@ async def test_no_security_definer_function_runs_with_a_login_superuser_or_rls_b
     for d in definers:
         assert not (d["rolsuper"] or d["rolbypassrls"] or d["rolcanlogin"]), dict(d)
         assert d["rolname"] in ("agentledger_sweeper", "agentledger_audit_writer",
-                                "agentledger_budget_keeper"), dict(d)
+                                "agentledger_budget_keeper", "agentledger_budget_counter"), dict(d)
 
 
 async def test_the_sweepers_functions_still_serve_the_reconciler_across_tenants(

@@ -70,6 +70,21 @@ def render(found: audit_explain.Explanation, console: Console,
     for a in found.permitted.approvals:
         console.print(f"  approval {a.approval_id}: {a.state} by {a.decided_by} "
                       f"({a.decision_reason})", highlight=False)
+        if a.required_approvals > 1:
+            console.print(f"    needs {a.required_approvals} approvers of role "
+                          f"{a.approver_role}; approved by {', '.join(a.approved_by) or 'nobody'}",
+                          highlight=False)
+    for c in found.permitted.budget_charges:
+        console.print(f"  budget {c.budget} ({c.scope} {c.scope_key}, {c.window_kind} "
+                      f"{c.window_start or ''}): {_units(c.amount, c.unit, c.currency)} of "
+                      f"{_units(c.limit_amount, c.unit, c.currency)} — {c.state}",
+                      highlight=False)
+    for b in found.permitted.budget_refusals:
+        console.print(f"  [red]refused by budget {b.budget}[/red] ({b.scope}, {b.window} "
+                      f"{b.window_start or ''}): "
+                      f"{_units(b.amount, b.unit, b.currency)} asked, "
+                      f"{_units(b.spent, b.unit, b.currency)} of "
+                      f"{_units(b.limit, b.unit, b.currency)} already spent", highlight=False)
     console.print("[bold]attempted[/bold]")
     if not found.attempted:
         console.print("  nothing was attempted")
@@ -98,3 +113,12 @@ def render(found: audit_explain.Explanation, console: Console,
         console.print(f"[bold]trace[/bold]     {link}", highlight=False)
     elif found.trace_id:
         console.print(f"[dim]trace {found.trace_id} (set AGENTLEDGER_TRACES_URL to link it)[/dim]")
+
+
+def _units(amount: int | None, unit: str | None, currency: str | None) -> str:
+    """An amount as a person reads it: money in major units with its currency."""
+    if amount is None:
+        return "?"
+    if unit == "amount" and currency:
+        return f"{amount / 100:,.2f} {currency}"
+    return f"{amount} {unit or ''}".strip()
