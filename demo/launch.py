@@ -174,9 +174,11 @@ def launch(opts: Options, step: Step, progress: Step = _quiet) -> World:
             **adoption.operator_config(opts.home / "config")}
     # Every service logs in as its own role, as in production — never as the ledger's owner,
     # whose SET ROLE a RESET ROLE would undo (issue 17). Ingress' login may only ask which
-    # request hash an operation holds (its synchronous 409, migration 0021).
+    # request hash an operation holds (its synchronous 409, migration 0021). The MCP server's
+    # reads the principal directory and the ledger only (agentledger_auditor).
     login_urls = asyncio.run(logins.ensure(
-        ledger_url, ("admission", "executor", "reconciler", "relay", "console", "ingress")))
+        ledger_url, ("admission", "executor", "reconciler", "relay", "console", "ingress",
+                     "mcp")))
 
     step("starting the CRM stand-in, the fake model and Mailpit (SMTP)")
     shutil.rmtree(opts.home / "mailpit", ignore_errors=True)  # the previous run's messages

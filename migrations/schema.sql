@@ -48,6 +48,155 @@ BEGIN
 END $$;
 
 --
+-- Name: agentledger_audit_leaf_hash(uuid, uuid, uuid, text, jsonb, text, timestamp with time zone); Type: FUNCTION; Schema: public
+--
+
+CREATE FUNCTION public.agentledger_audit_leaf_hash(p_event_id uuid, p_tenant uuid, p_operation uuid, p_type text, p_payload jsonb, p_traceparent text, p_recorded_at timestamp with time zone) RETURNS bytea
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+  SELECT sha256('\x00'::bytea || convert_to(public.agentledger_jcs(jsonb_build_object(
+    'v', 1,
+    'event_id', p_event_id::text,
+    'tenant_id', p_tenant::text,
+    'operation_id', p_operation::text,
+    'type', p_type,
+    'payload', p_payload,
+    'traceparent', p_traceparent,
+    'recorded_at', to_char(p_recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
+    'UTF8'))
+$$;
+
+--
+-- Name: agentledger_budget_charge_v1(uuid, uuid, jsonb); Type: FUNCTION; Schema: public; Owner: agentledger_budget_counter
+--
+
+CREATE FUNCTION public.agentledger_budget_charge_v1(p_tenant uuid, p_operation uuid, p_charges jsonb) RETURNS text
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    AS $$
+DECLARE
+  v_fresh jsonb;
+  v_refused record;
+BEGIN
+  IF p_tenant IS NULL OR p_tenant IS DISTINCT FROM agentledger_current_tenant() THEN
+    RAISE EXCEPTION 'budget tenant is not the transaction''s tenant'
+      USING ERRCODE = 'insufficient_privilege';
+  END IF;
+  -- A per-call budget needs no running total: the amount alone is checked.
+  SELECT c.budget, c.scope, c.scope_key, c.window_kind, c.window_start, c.unit, c.currency,
+         c.amount, c."limit", 0::bigint AS spent
+  INTO v_refused
+  FROM jsonb_to_recordset(p_charges) AS c(budget text, scope text, scope_key text,
+       window_kind text, window_start timestamptz, unit text, currency text, amount bigint,
+       "limit" bigint)
+  WHERE c.window_kind = 'call' AND c.amount > c."limit"
+  ORDER BY c.budget LIMIT 1;
+  IF NOT FOUND THEN
+    -- The charges this operation does not hold yet (waits for a concurrent first admission
+    -- of the same key, then skips what it charged).
+    WITH fresh AS (
+      INSERT INTO budget_charge (tenant_id, operation_id, budget, scope, scope_key,
+                                 window_kind, window_start, unit, currency, amount,
+                                 limit_amount)
+      SELECT p_tenant, p_operation, c.budget, c.scope, c.scope_key, c.window_kind,
+             c.window_start, c.unit, c.currency, c.amount, c."limit"
+      FROM jsonb_to_recordset(p_charges) AS c(budget text, scope text, scope_key text,
+           window_kind text, window_start timestamptz, unit text, currency text,
+           amount bigint, "limit" bigint)
+      ON CONFLICT (tenant_id, operation_id, budget) WHERE state <> 'released' DO NOTHING
+      RETURNING budget, scope, scope_key, window_kind, window_start, unit, currency, amount,
+                limit_amount
+    )
+    SELECT jsonb_agg(to_jsonb(fresh)) INTO v_fresh FROM fresh;
+    IF v_fresh IS NULL THEN
+      RETURN NULL;  -- counted already
+    END IF;
+    INSERT INTO budget_window (tenant_id, budget, scope_key, window_start, limit_amount)
+    SELECT p_tenant, f.budget, f.scope_key, f.window_start, f.limit_amount
+    FROM jsonb_to_recordset(v_fresh) AS f(budget text, scope_key text, window_start timestamptz,
+         limit_amount bigint)
+    WHERE f.window_start IS NOT NULL
+    ORDER BY f.budget, f.scope_key, f.window_start
+    ON CONFLICT DO NOTHING;
+    PERFORM 1 FROM budget_window AS w
+    WHERE w.tenant_id = p_tenant
+      AND (w.budget, w.scope_key, w.window_start) IN (
+        SELECT f.budget, f.scope_key, f.window_start
+        FROM jsonb_to_recordset(v_fresh) AS f(budget text, scope_key text,
+             window_start timestamptz))
+    ORDER BY w.budget, w.scope_key, w.window_start
+    FOR UPDATE;
+    -- Under the locks, this statement's snapshot holds every committed charge.
+    SELECT f.budget, f.scope, f.scope_key, f.window_kind, f.window_start, f.unit, f.currency,
+           f.amount, f.limit_amount AS "limit", w.reserved + w.used AS spent
+    INTO v_refused
+    FROM jsonb_to_recordset(v_fresh) AS f(budget text, scope text, scope_key text,
+         window_kind text, window_start timestamptz, unit text, currency text, amount bigint,
+         limit_amount bigint)
+    JOIN budget_window AS w ON w.tenant_id = p_tenant AND w.budget = f.budget
+      AND w.scope_key = f.scope_key AND w.window_start = f.window_start
+    WHERE w.reserved + w.used + f.amount > f.limit_amount
+    ORDER BY f.budget LIMIT 1;
+    IF NOT FOUND THEN
+      UPDATE budget_window AS w
+      SET reserved = w.reserved + f.amount, limit_amount = f.limit_amount, updated_at = now()
+      FROM jsonb_to_recordset(v_fresh) AS f(budget text, scope_key text,
+           window_start timestamptz, amount bigint, limit_amount bigint)
+      WHERE w.tenant_id = p_tenant AND w.budget = f.budget AND w.scope_key = f.scope_key
+        AND w.window_start = f.window_start;
+      RETURN NULL;
+    END IF;
+    DELETE FROM budget_charge AS b
+    WHERE b.tenant_id = p_tenant AND b.operation_id = p_operation AND b.state = 'reserved'
+      AND b.budget IN (SELECT f.budget FROM jsonb_to_recordset(v_fresh) AS f(budget text));
+  END IF;
+  INSERT INTO event_outbox (tenant_id, operation_id, aggregatetype, aggregateid, type, payload)
+  VALUES (p_tenant, p_operation, 'audit', p_tenant::text, 'budget.exhausted',
+          jsonb_build_object('operation_id', p_operation, 'budget', v_refused.budget,
+                             'scope', v_refused.scope, 'scope_key', v_refused.scope_key,
+                             'window', v_refused.window_kind,
+                             'window_start', v_refused.window_start,
+                             'unit', v_refused.unit, 'currency', v_refused.currency,
+                             'amount', v_refused.amount, 'limit', v_refused."limit",
+                             'spent', v_refused.spent));
+  RETURN v_refused.budget;
+END $$;
+
+ALTER FUNCTION public.agentledger_budget_charge_v1(p_tenant uuid, p_operation uuid, p_charges jsonb) OWNER TO agentledger_budget_counter;
+
+--
+-- Name: agentledger_budget_on_command_end_v1(); Type: FUNCTION; Schema: public; Owner: agentledger_budget_counter
+--
+
+CREATE FUNCTION public.agentledger_budget_on_command_end_v1() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    AS $$
+BEGIN
+  PERFORM agentledger_budget_settle_charges_v1(
+    NEW.tenant_id, NEW.operation_id,
+    CASE WHEN NEW.state = 'succeeded' THEN 'settled' ELSE 'released' END);
+  RETURN NULL;
+END $$;
+
+ALTER FUNCTION public.agentledger_budget_on_command_end_v1() OWNER TO agentledger_budget_counter;
+
+--
+-- Name: agentledger_budget_on_request_end_v1(); Type: FUNCTION; Schema: public; Owner: agentledger_budget_counter
+--
+
+CREATE FUNCTION public.agentledger_budget_on_request_end_v1() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    AS $$
+BEGIN
+  PERFORM agentledger_budget_settle_charges_v1(NEW.tenant_id, NEW.operation_id, 'released');
+  RETURN NULL;
+END $$;
+
+ALTER FUNCTION public.agentledger_budget_on_request_end_v1() OWNER TO agentledger_budget_counter;
+
+--
 -- Name: agentledger_budget_open_default(uuid, text, text); Type: FUNCTION; Schema: public; Owner: agentledger_budget_keeper
 --
 
@@ -196,23 +345,50 @@ END $$;
 ALTER FUNCTION public.agentledger_budget_settle(p_tenant uuid, p_reservation_id uuid, p_used bigint) OWNER TO agentledger_budget_keeper;
 
 --
--- Name: agentledger_copy_audit_events_v2(); Type: FUNCTION; Schema: public; Owner: agentledger_audit_writer
+-- Name: agentledger_budget_settle_charges_v1(uuid, uuid, text); Type: FUNCTION; Schema: public; Owner: agentledger_budget_counter
 --
 
-CREATE FUNCTION public.agentledger_copy_audit_events_v2() RETURNS trigger
+CREATE FUNCTION public.agentledger_budget_settle_charges_v1(p_tenant uuid, p_operation uuid, p_state text) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'public', 'pg_temp'
+    AS $$
+BEGIN
+  WITH moved AS (
+    UPDATE budget_charge AS b SET state = p_state, settled_at = now()
+    WHERE b.tenant_id = p_tenant AND b.operation_id = p_operation AND b.state = 'reserved'
+    RETURNING b.budget, b.scope_key, b.window_start, b.amount
+  )
+  UPDATE budget_window AS w
+  SET reserved = w.reserved - m.amount,
+      used = w.used + CASE WHEN p_state = 'settled' THEN m.amount ELSE 0 END,
+      updated_at = now()
+  FROM moved AS m
+  WHERE w.tenant_id = p_tenant AND w.budget = m.budget AND w.scope_key = m.scope_key
+    AND w.window_start = m.window_start;
+END $$;
+
+ALTER FUNCTION public.agentledger_budget_settle_charges_v1(p_tenant uuid, p_operation uuid, p_state text) OWNER TO agentledger_budget_counter;
+
+--
+-- Name: agentledger_copy_audit_events_v3(); Type: FUNCTION; Schema: public; Owner: agentledger_audit_writer
+--
+
+CREATE FUNCTION public.agentledger_copy_audit_events_v3() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'public'
     AS $$
 BEGIN
   INSERT INTO public.audit_event (event_id, tenant_id, operation_id, type, payload, traceparent,
-                                  recorded_at)
-  SELECT n.id, n.tenant_id, n.operation_id, n.type, n.payload, n.traceparent, n.created_at
+                                  recorded_at, leaf_hash)
+  SELECT n.id, n.tenant_id, n.operation_id, n.type, n.payload, n.traceparent, n.created_at,
+         public.agentledger_audit_leaf_hash(n.id, n.tenant_id, n.operation_id, n.type, n.payload,
+                                            n.traceparent, n.created_at)
   FROM new_events AS n
-  WHERE n.aggregatetype = 'audit';
+  WHERE n.aggregatetype = 'audit' AND n.type <> 'log.checkpoint';
   RETURN NULL;
 END $$;
 
-ALTER FUNCTION public.agentledger_copy_audit_events_v2() OWNER TO agentledger_audit_writer;
+ALTER FUNCTION public.agentledger_copy_audit_events_v3() OWNER TO agentledger_audit_writer;
 
 --
 -- Name: agentledger_current_tenant(); Type: FUNCTION; Schema: public
@@ -285,6 +461,105 @@ BEGIN
 END $$;
 
 ALTER FUNCTION public.agentledger_expire_approvals(max_rows integer) OWNER TO agentledger_sweeper;
+
+--
+-- Name: agentledger_jcs(jsonb); Type: FUNCTION; Schema: public
+--
+
+CREATE FUNCTION public.agentledger_jcs(v jsonb) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    AS $_$
+DECLARE
+  out text;
+BEGIN
+  CASE jsonb_typeof(v)
+  WHEN 'object' THEN
+    SELECT '{' || coalesce(string_agg(
+             to_json(key)::text || ':' ||
+             CASE WHEN jsonb_typeof(value) IN ('object', 'array')
+                    OR (jsonb_typeof(value) = 'number' AND value::text !~ '^-?[0-9]{1,15}$')
+                  THEN public.agentledger_jcs(value) ELSE value::text END,
+             ',' ORDER BY key COLLATE "C"), '') || '}'
+    INTO out FROM jsonb_each(v);
+  WHEN 'array' THEN
+    SELECT '[' || coalesce(string_agg(
+             CASE WHEN jsonb_typeof(value) IN ('object', 'array')
+                    OR (jsonb_typeof(value) = 'number' AND value::text !~ '^-?[0-9]{1,15}$')
+                  THEN public.agentledger_jcs(value) ELSE value::text END,
+             ',' ORDER BY i), '') || ']'
+    INTO out FROM jsonb_array_elements(v) WITH ORDINALITY AS a (value, i);
+  WHEN 'number' THEN
+    out := public.agentledger_jcs_number(v::text::numeric);
+  ELSE
+    out := v::text;  -- a string (jsonb prints it escaped as JSON), true, false, null
+  END CASE;
+  RETURN out;
+END $_$;
+
+--
+-- Name: agentledger_jcs_number(numeric); Type: FUNCTION; Schema: public
+--
+
+CREATE FUNCTION public.agentledger_jcs_number(n numeric) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$
+DECLARE
+  s text;
+  neg boolean;
+  mant text;
+  e int := 0;
+  digits text;
+  point int;
+  k int;
+  p int;  -- the value is 0.digits x 10^p
+BEGIN
+  IF n = trunc(n) AND abs(n) <= 9007199254740991 THEN
+    RETURN n::bigint::text;
+  END IF;
+  IF abs(n) > 1.7976931348623157e308 OR abs(n) < 2.2250738585072014e-308 THEN
+    BEGIN  -- outside the doubles' normal range (rare: a block costs a subtransaction)
+      s := n::float8::text;
+    EXCEPTION WHEN numeric_value_out_of_range THEN
+      -- No IEEE 754 double: RFC 8785 has no form for it (the verifiers refuse the row, a
+      -- false alarm); the write it belongs to must not fail for it.
+      RETURN n::text;
+    END;
+  ELSE
+    s := n::float8::text;                     -- shortest round-trip digits (PostgreSQL >= 12)
+  END IF;
+  neg := left(s, 1) = '-';
+  IF neg THEN s := substr(s, 2); END IF;
+  IF position('e' IN s) > 0 THEN
+    mant := split_part(s, 'e', 1);
+    e := split_part(s, 'e', 2)::int;
+  ELSE
+    mant := s;
+  END IF;
+  point := position('.' IN mant);
+  IF point = 0 THEN
+    digits := mant; p := length(mant) + e;
+  ELSE
+    digits := replace(mant, '.', ''); p := point - 1 + e;
+  END IF;
+  -- strip leading zeros (each one moves the point), then trailing zeros
+  WHILE length(digits) > 1 AND left(digits, 1) = '0' LOOP
+    digits := substr(digits, 2); p := p - 1;
+  END LOOP;
+  digits := rtrim(digits, '0');
+  IF digits = '' THEN RETURN '0'; END IF;
+  k := length(digits);
+  IF k <= p AND p <= 21 THEN
+    s := digits || repeat('0', p - k);
+  ELSIF 0 < p AND p <= 21 THEN
+    s := left(digits, p) || '.' || substr(digits, p + 1);
+  ELSIF -6 < p AND p <= 0 THEN
+    s := '0.' || repeat('0', -p) || digits;
+  ELSE
+    s := left(digits, 1) || CASE WHEN k > 1 THEN '.' || substr(digits, 2) ELSE '' END
+         || 'e' || CASE WHEN p - 1 >= 0 THEN '+' ELSE '-' END || abs(p - 1)::text;
+  END IF;
+  RETURN CASE WHEN neg THEN '-' || s ELSE s END;
+END $$;
 
 --
 -- Name: agentledger_late_applied_v1(integer); Type: FUNCTION; Schema: public; Owner: agentledger_sweeper
@@ -476,13 +751,56 @@ CREATE TABLE public.approval_request (
     evidence_ciphertext bytea,
     evidence_key_version integer,
     payload_purged_at timestamp with time zone,
+    required_approvals integer DEFAULT 1 NOT NULL,
+    approver_role text,
+    quorum_rule text,
+    CONSTRAINT approval_request_approver_role_check CHECK (((length(approver_role) >= 1) AND (length(approver_role) <= 100))),
     CONSTRAINT approval_request_check CHECK (((state = 'pending'::text) OR (decided_at IS NOT NULL))),
     CONSTRAINT approval_request_payload_kept CHECK (((state <> 'pending'::text) OR ((payload_ciphertext IS NOT NULL) AND (payload_key_version IS NOT NULL)))),
+    CONSTRAINT approval_request_quorum_rule_check CHECK (((length(quorum_rule) >= 1) AND (length(quorum_rule) <= 64))),
     CONSTRAINT approval_request_request_hash_check CHECK ((octet_length(request_hash) = 32)),
+    CONSTRAINT approval_request_required_approvals_check CHECK (((required_approvals >= 1) AND (required_approvals <= 20))),
     CONSTRAINT approval_request_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'approved'::text, 'denied'::text, 'expired'::text, 'superseded'::text])))
 );
 
 ALTER TABLE ONLY public.approval_request FORCE ROW LEVEL SECURITY;
+
+--
+-- Name: approval_vote; Type: TABLE; Schema: public
+--
+
+CREATE TABLE public.approval_vote (
+    tenant_id uuid NOT NULL,
+    approval_id uuid NOT NULL,
+    approver text NOT NULL,
+    request_hash bytea NOT NULL,
+    decision_id uuid NOT NULL,
+    voted_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT approval_vote_approver_check CHECK (((length(approver) >= 1) AND (length(approver) <= 200)))
+);
+
+ALTER TABLE ONLY public.approval_vote FORCE ROW LEVEL SECURITY;
+
+--
+-- Name: audit_checkpoint; Type: TABLE; Schema: public
+--
+
+CREATE TABLE public.audit_checkpoint (
+    tenant_id uuid NOT NULL,
+    tree_size bigint NOT NULL,
+    root_hash bytea NOT NULL,
+    last_seq bigint NOT NULL,
+    key_id text NOT NULL,
+    signed_at timestamp with time zone NOT NULL,
+    body text NOT NULL,
+    signature bytea NOT NULL,
+    frontier bytea[] NOT NULL,
+    CONSTRAINT audit_checkpoint_root_hash_check CHECK ((octet_length(root_hash) = 32)),
+    CONSTRAINT audit_checkpoint_signature_check CHECK ((octet_length(signature) = 64)),
+    CONSTRAINT audit_checkpoint_tree_size_check CHECK ((tree_size > 0))
+);
+
+ALTER TABLE ONLY public.audit_checkpoint FORCE ROW LEVEL SECURITY;
 
 --
 -- Name: audit_event; Type: TABLE; Schema: public
@@ -496,7 +814,9 @@ CREATE TABLE public.audit_event (
     type text NOT NULL,
     payload jsonb NOT NULL,
     traceparent text,
-    recorded_at timestamp with time zone DEFAULT now() NOT NULL
+    recorded_at timestamp with time zone DEFAULT now() NOT NULL,
+    leaf_hash bytea NOT NULL,
+    CONSTRAINT audit_event_leaf_hash_size CHECK ((octet_length(leaf_hash) = 32))
 );
 
 ALTER TABLE ONLY public.audit_event FORCE ROW LEVEL SECURITY;
@@ -512,6 +832,31 @@ ALTER TABLE public.audit_event ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY
     NO MINVALUE
     NO MAXVALUE
     CACHE 1
+);
+
+--
+-- Name: audit_log; Type: TABLE; Schema: public
+--
+
+CREATE TABLE public.audit_log (
+    tenant_id uuid NOT NULL,
+    idx bigint NOT NULL,
+    seq bigint NOT NULL,
+    leaf_hash bytea NOT NULL,
+    CONSTRAINT audit_log_idx_check CHECK ((idx >= 0)),
+    CONSTRAINT audit_log_leaf_hash_check CHECK ((octet_length(leaf_hash) = 32))
+);
+
+ALTER TABLE ONLY public.audit_log FORCE ROW LEVEL SECURITY;
+
+--
+-- Name: audit_notary_cursor; Type: TABLE; Schema: public
+--
+
+CREATE TABLE public.audit_notary_cursor (
+    singleton boolean DEFAULT true NOT NULL,
+    last_seq bigint NOT NULL,
+    CONSTRAINT audit_notary_cursor_singleton_check CHECK (singleton)
 );
 
 --
@@ -538,6 +883,41 @@ CREATE TABLE public.budget (
 WITH (fillfactor='80');
 
 ALTER TABLE ONLY public.budget FORCE ROW LEVEL SECURITY;
+
+--
+-- Name: budget_charge; Type: TABLE; Schema: public
+--
+
+CREATE TABLE public.budget_charge (
+    charge_id uuid DEFAULT gen_random_uuid() NOT NULL,
+    tenant_id uuid NOT NULL,
+    operation_id uuid NOT NULL,
+    budget text NOT NULL,
+    scope text NOT NULL,
+    scope_key text NOT NULL,
+    window_kind text NOT NULL,
+    window_start timestamp with time zone,
+    unit text NOT NULL,
+    currency text,
+    amount bigint NOT NULL,
+    limit_amount bigint NOT NULL,
+    state text DEFAULT 'reserved'::text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    settled_at timestamp with time zone,
+    CONSTRAINT budget_charge_amount_check CHECK ((amount > 0)),
+    CONSTRAINT budget_charge_budget_check CHECK (((length(budget) >= 1) AND (length(budget) <= 64))),
+    CONSTRAINT budget_charge_currency_check CHECK ((currency ~ '^[A-Z]{3}$'::text)),
+    CONSTRAINT budget_charge_limit_amount_check CHECK ((limit_amount >= 0)),
+    CONSTRAINT budget_charge_scope_check CHECK ((scope = ANY (ARRAY['run'::text, 'principal'::text, 'tenant'::text]))),
+    CONSTRAINT budget_charge_scope_key_check CHECK (((length(scope_key) >= 1) AND (length(scope_key) <= 200))),
+    CONSTRAINT budget_charge_settled CHECK (((state = 'reserved'::text) = (settled_at IS NULL))),
+    CONSTRAINT budget_charge_state_check CHECK ((state = ANY (ARRAY['reserved'::text, 'settled'::text, 'released'::text]))),
+    CONSTRAINT budget_charge_unit_check CHECK ((unit = ANY (ARRAY['calls'::text, 'tokens'::text, 'amount'::text]))),
+    CONSTRAINT budget_charge_window CHECK (((window_kind = 'call'::text) = (window_start IS NULL))),
+    CONSTRAINT budget_charge_window_kind_check CHECK ((window_kind = ANY (ARRAY['call'::text, 'hour'::text, 'day'::text])))
+);
+
+ALTER TABLE ONLY public.budget_charge FORCE ROW LEVEL SECURITY;
 
 --
 -- Name: budget_default; Type: TABLE; Schema: public
@@ -576,6 +956,28 @@ CREATE TABLE public.budget_reservation (
 );
 
 ALTER TABLE ONLY public.budget_reservation FORCE ROW LEVEL SECURITY;
+
+--
+-- Name: budget_window; Type: TABLE; Schema: public
+--
+
+CREATE TABLE public.budget_window (
+    tenant_id uuid NOT NULL,
+    budget text NOT NULL,
+    scope_key text NOT NULL,
+    window_start timestamp with time zone NOT NULL,
+    limit_amount bigint NOT NULL,
+    reserved bigint DEFAULT 0 NOT NULL,
+    used bigint DEFAULT 0 NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT budget_window_budget_check CHECK (((length(budget) >= 1) AND (length(budget) <= 64))),
+    CONSTRAINT budget_window_limit_amount_check CHECK ((limit_amount >= 0)),
+    CONSTRAINT budget_window_reserved_check CHECK ((reserved >= 0)),
+    CONSTRAINT budget_window_scope_key_check CHECK (((length(scope_key) >= 1) AND (length(scope_key) <= 200))),
+    CONSTRAINT budget_window_used_check CHECK ((used >= 0))
+);
+
+ALTER TABLE ONLY public.budget_window FORCE ROW LEVEL SECURITY;
 
 --
 -- Name: command_attempt; Type: TABLE; Schema: public
@@ -745,11 +1147,46 @@ ALTER TABLE ONLY public.approval_request
     ADD CONSTRAINT approval_request_pkey PRIMARY KEY (approval_id);
 
 --
+-- Name: approval_vote approval_vote_pkey; Type: CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.approval_vote
+    ADD CONSTRAINT approval_vote_pkey PRIMARY KEY (tenant_id, approval_id, approver);
+
+--
+-- Name: audit_checkpoint audit_checkpoint_pkey; Type: CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.audit_checkpoint
+    ADD CONSTRAINT audit_checkpoint_pkey PRIMARY KEY (tenant_id, tree_size);
+
+--
 -- Name: audit_event audit_event_pkey; Type: CONSTRAINT; Schema: public
 --
 
 ALTER TABLE ONLY public.audit_event
     ADD CONSTRAINT audit_event_pkey PRIMARY KEY (event_id);
+
+--
+-- Name: audit_log audit_log_pkey; Type: CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.audit_log
+    ADD CONSTRAINT audit_log_pkey PRIMARY KEY (tenant_id, idx);
+
+--
+-- Name: audit_notary_cursor audit_notary_cursor_pkey; Type: CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.audit_notary_cursor
+    ADD CONSTRAINT audit_notary_cursor_pkey PRIMARY KEY (singleton);
+
+--
+-- Name: budget_charge budget_charge_pkey; Type: CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.budget_charge
+    ADD CONSTRAINT budget_charge_pkey PRIMARY KEY (charge_id);
 
 --
 -- Name: budget_default budget_default_pkey; Type: CONSTRAINT; Schema: public
@@ -771,6 +1208,13 @@ ALTER TABLE ONLY public.budget
 
 ALTER TABLE ONLY public.budget_reservation
     ADD CONSTRAINT budget_reservation_pkey PRIMARY KEY (reservation_id);
+
+--
+-- Name: budget_window budget_window_pkey; Type: CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.budget_window
+    ADD CONSTRAINT budget_window_pkey PRIMARY KEY (tenant_id, budget, scope_key, window_start);
 
 --
 -- Name: command_attempt command_attempt_pkey; Type: CONSTRAINT; Schema: public
@@ -865,6 +1309,18 @@ CREATE INDEX approval_request_pending ON public.approval_request USING btree (te
 CREATE INDEX audit_event_by_operation ON public.audit_event USING btree (tenant_id, operation_id, seq);
 
 --
+-- Name: audit_event_seq_brin; Type: INDEX; Schema: public
+--
+
+CREATE INDEX audit_event_seq_brin ON public.audit_event USING brin (seq);
+
+--
+-- Name: budget_charge_once; Type: INDEX; Schema: public
+--
+
+CREATE UNIQUE INDEX budget_charge_once ON public.budget_charge USING btree (tenant_id, operation_id, budget) WHERE (state <> 'released'::text);
+
+--
 -- Name: budget_reservation_by_operation; Type: INDEX; Schema: public
 --
 
@@ -895,16 +1351,40 @@ CREATE INDEX command_attempt_late_applied ON public.command_attempt USING btree 
 CREATE INDEX policy_decision_by_operation ON public.policy_decision USING btree (tenant_id, operation_id, decided_at);
 
 --
+-- Name: audit_checkpoint audit_checkpoint_append_only; Type: TRIGGER; Schema: public
+--
+
+CREATE TRIGGER audit_checkpoint_append_only BEFORE DELETE OR UPDATE OR TRUNCATE ON public.audit_checkpoint FOR EACH STATEMENT EXECUTE FUNCTION public.agentledger_audit_is_append_only();
+
+--
 -- Name: audit_event audit_event_append_only; Type: TRIGGER; Schema: public
 --
 
 CREATE TRIGGER audit_event_append_only BEFORE DELETE OR UPDATE OR TRUNCATE ON public.audit_event FOR EACH STATEMENT EXECUTE FUNCTION public.agentledger_audit_is_append_only();
 
 --
--- Name: event_outbox audit_event_copy_v2; Type: TRIGGER; Schema: public
+-- Name: event_outbox audit_event_copy_v3; Type: TRIGGER; Schema: public
 --
 
-CREATE TRIGGER audit_event_copy_v2 AFTER INSERT ON public.event_outbox REFERENCING NEW TABLE AS new_events FOR EACH STATEMENT EXECUTE FUNCTION public.agentledger_copy_audit_events_v2();
+CREATE TRIGGER audit_event_copy_v3 AFTER INSERT ON public.event_outbox REFERENCING NEW TABLE AS new_events FOR EACH STATEMENT EXECUTE FUNCTION public.agentledger_copy_audit_events_v3();
+
+--
+-- Name: audit_log audit_log_append_only; Type: TRIGGER; Schema: public
+--
+
+CREATE TRIGGER audit_log_append_only BEFORE DELETE OR UPDATE OR TRUNCATE ON public.audit_log FOR EACH STATEMENT EXECUTE FUNCTION public.agentledger_audit_is_append_only();
+
+--
+-- Name: agent_command budget_charge_on_command_end; Type: TRIGGER; Schema: public
+--
+
+CREATE TRIGGER budget_charge_on_command_end AFTER UPDATE OF state ON public.agent_command FOR EACH ROW WHEN (((old.state IS DISTINCT FROM new.state) AND (new.state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'denied'::text, 'expired'::text, 'review_required'::text])))) EXECUTE FUNCTION public.agentledger_budget_on_command_end_v1();
+
+--
+-- Name: approval_request budget_charge_on_request_end; Type: TRIGGER; Schema: public
+--
+
+CREATE TRIGGER budget_charge_on_request_end AFTER UPDATE OF state ON public.approval_request FOR EACH ROW WHEN (((old.state = 'pending'::text) AND (new.state = ANY (ARRAY['denied'::text, 'expired'::text, 'superseded'::text])))) EXECUTE FUNCTION public.agentledger_budget_on_request_end_v1();
 
 --
 -- Name: approval_request approval_request_superseded_by_fkey; Type: FK CONSTRAINT; Schema: public
@@ -912,6 +1392,13 @@ CREATE TRIGGER audit_event_copy_v2 AFTER INSERT ON public.event_outbox REFERENCI
 
 ALTER TABLE ONLY public.approval_request
     ADD CONSTRAINT approval_request_superseded_by_fkey FOREIGN KEY (superseded_by) REFERENCES public.approval_request(approval_id);
+
+--
+-- Name: approval_vote approval_vote_approval_id_fkey; Type: FK CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.approval_vote
+    ADD CONSTRAINT approval_vote_approval_id_fkey FOREIGN KEY (approval_id) REFERENCES public.approval_request(approval_id);
 
 --
 -- Name: budget_reservation budget_reservation_tenant_id_workflow_id_kind_fkey; Type: FK CONSTRAINT; Schema: public
@@ -954,6 +1441,18 @@ ALTER TABLE public.agent_command ENABLE ROW LEVEL SECURITY;
 ALTER TABLE public.approval_request ENABLE ROW LEVEL SECURITY;
 
 --
+-- Name: approval_vote; Type: ROW SECURITY; Schema: public
+--
+
+ALTER TABLE public.approval_vote ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: audit_checkpoint; Type: ROW SECURITY; Schema: public
+--
+
+ALTER TABLE public.audit_checkpoint ENABLE ROW LEVEL SECURITY;
+
+--
 -- Name: audit_event audit_copy; Type: POLICY; Schema: public
 --
 
@@ -964,6 +1463,12 @@ CREATE POLICY audit_copy ON public.audit_event FOR INSERT TO agentledger_audit_w
 --
 
 ALTER TABLE public.audit_event ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: audit_log; Type: ROW SECURITY; Schema: public
+--
+
+ALTER TABLE public.audit_log ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: budget; Type: ROW SECURITY; Schema: public
@@ -978,6 +1483,30 @@ ALTER TABLE public.budget ENABLE ROW LEVEL SECURITY;
 CREATE POLICY budget_audit ON public.event_outbox TO agentledger_budget_keeper USING ((tenant_id = public.agentledger_current_tenant())) WITH CHECK ((tenant_id = public.agentledger_current_tenant()));
 
 --
+-- Name: budget_charge; Type: ROW SECURITY; Schema: public
+--
+
+ALTER TABLE public.budget_charge ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: budget_charge budget_counter; Type: POLICY; Schema: public
+--
+
+CREATE POLICY budget_counter ON public.budget_charge TO agentledger_budget_counter USING (true) WITH CHECK (true);
+
+--
+-- Name: budget_window budget_counter; Type: POLICY; Schema: public
+--
+
+CREATE POLICY budget_counter ON public.budget_window TO agentledger_budget_counter USING (true) WITH CHECK (true);
+
+--
+-- Name: event_outbox budget_counter_audit; Type: POLICY; Schema: public
+--
+
+CREATE POLICY budget_counter_audit ON public.event_outbox FOR INSERT TO agentledger_budget_counter WITH CHECK (((aggregatetype = 'audit'::text) AND (type = 'budget.exhausted'::text) AND (tenant_id = public.agentledger_current_tenant())));
+
+--
 -- Name: budget_default; Type: ROW SECURITY; Schema: public
 --
 
@@ -988,6 +1517,12 @@ ALTER TABLE public.budget_default ENABLE ROW LEVEL SECURITY;
 --
 
 ALTER TABLE public.budget_reservation ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: budget_window; Type: ROW SECURITY; Schema: public
+--
+
+ALTER TABLE public.budget_window ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: command_attempt; Type: ROW SECURITY; Schema: public
@@ -1012,6 +1547,30 @@ ALTER TABLE public.command_resolution ENABLE ROW LEVEL SECURITY;
 --
 
 ALTER TABLE public.event_outbox ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: audit_checkpoint notary_appends; Type: POLICY; Schema: public
+--
+
+CREATE POLICY notary_appends ON public.audit_checkpoint TO agentledger_notary USING (true) WITH CHECK (true);
+
+--
+-- Name: audit_log notary_appends; Type: POLICY; Schema: public
+--
+
+CREATE POLICY notary_appends ON public.audit_log TO agentledger_notary USING (true) WITH CHECK (true);
+
+--
+-- Name: event_outbox notary_publishes; Type: POLICY; Schema: public
+--
+
+CREATE POLICY notary_publishes ON public.event_outbox FOR INSERT TO agentledger_notary WITH CHECK (((aggregatetype = 'audit'::text) AND (type = 'log.checkpoint'::text) AND (operation_id IS NULL)));
+
+--
+-- Name: audit_event notary_reads; Type: POLICY; Schema: public
+--
+
+CREATE POLICY notary_reads ON public.audit_event FOR SELECT TO agentledger_notary USING (true);
 
 --
 -- Name: policy_decision; Type: ROW SECURITY; Schema: public
@@ -1122,16 +1681,40 @@ CREATE POLICY tenant_isolation ON public.agent_command TO agentledger_admission,
 CREATE POLICY tenant_isolation ON public.approval_request TO agentledger_admission, agentledger_reconciler, agentledger_auditor USING ((tenant_id = public.agentledger_current_tenant())) WITH CHECK ((tenant_id = public.agentledger_current_tenant()));
 
 --
+-- Name: approval_vote tenant_isolation; Type: POLICY; Schema: public
+--
+
+CREATE POLICY tenant_isolation ON public.approval_vote TO agentledger_admission, agentledger_auditor USING ((tenant_id = public.agentledger_current_tenant())) WITH CHECK ((tenant_id = public.agentledger_current_tenant()));
+
+--
+-- Name: audit_checkpoint tenant_isolation; Type: POLICY; Schema: public
+--
+
+CREATE POLICY tenant_isolation ON public.audit_checkpoint FOR SELECT TO agentledger_auditor USING ((tenant_id = public.agentledger_current_tenant()));
+
+--
 -- Name: audit_event tenant_isolation; Type: POLICY; Schema: public
 --
 
 CREATE POLICY tenant_isolation ON public.audit_event TO agentledger_auditor USING ((tenant_id = public.agentledger_current_tenant()));
 
 --
+-- Name: audit_log tenant_isolation; Type: POLICY; Schema: public
+--
+
+CREATE POLICY tenant_isolation ON public.audit_log FOR SELECT TO agentledger_auditor USING ((tenant_id = public.agentledger_current_tenant()));
+
+--
 -- Name: budget tenant_isolation; Type: POLICY; Schema: public
 --
 
 CREATE POLICY tenant_isolation ON public.budget TO agentledger_admission, agentledger_executor, agentledger_reconciler, agentledger_auditor, agentledger_budget_keeper USING ((tenant_id = public.agentledger_current_tenant())) WITH CHECK ((tenant_id = public.agentledger_current_tenant()));
+
+--
+-- Name: budget_charge tenant_isolation; Type: POLICY; Schema: public
+--
+
+CREATE POLICY tenant_isolation ON public.budget_charge TO agentledger_admission, agentledger_executor, agentledger_reconciler, agentledger_auditor USING ((tenant_id = public.agentledger_current_tenant()));
 
 --
 -- Name: budget_default tenant_isolation; Type: POLICY; Schema: public
@@ -1144,6 +1727,12 @@ CREATE POLICY tenant_isolation ON public.budget_default TO agentledger_auditor, 
 --
 
 CREATE POLICY tenant_isolation ON public.budget_reservation TO agentledger_admission, agentledger_executor, agentledger_reconciler, agentledger_auditor, agentledger_budget_keeper USING ((tenant_id = public.agentledger_current_tenant())) WITH CHECK ((tenant_id = public.agentledger_current_tenant()));
+
+--
+-- Name: budget_window tenant_isolation; Type: POLICY; Schema: public
+--
+
+CREATE POLICY tenant_isolation ON public.budget_window TO agentledger_admission, agentledger_executor, agentledger_reconciler, agentledger_auditor USING ((tenant_id = public.agentledger_current_tenant()));
 
 --
 -- Name: command_attempt tenant_isolation; Type: POLICY; Schema: public
@@ -1213,6 +1802,25 @@ REVOKE ALL ON FUNCTION public.agentledger_admitted_hash(tenant uuid, operation u
 GRANT ALL ON FUNCTION public.agentledger_admitted_hash(tenant uuid, operation uuid) TO agentledger_ingress;
 
 --
+-- Name: FUNCTION agentledger_budget_charge_v1(p_tenant uuid, p_operation uuid, p_charges jsonb); Type: ACL; Schema: public; Owner: agentledger_budget_counter
+--
+
+REVOKE ALL ON FUNCTION public.agentledger_budget_charge_v1(p_tenant uuid, p_operation uuid, p_charges jsonb) FROM PUBLIC;
+GRANT ALL ON FUNCTION public.agentledger_budget_charge_v1(p_tenant uuid, p_operation uuid, p_charges jsonb) TO agentledger_admission;
+
+--
+-- Name: FUNCTION agentledger_budget_on_command_end_v1(); Type: ACL; Schema: public; Owner: agentledger_budget_counter
+--
+
+REVOKE ALL ON FUNCTION public.agentledger_budget_on_command_end_v1() FROM PUBLIC;
+
+--
+-- Name: FUNCTION agentledger_budget_on_request_end_v1(); Type: ACL; Schema: public; Owner: agentledger_budget_counter
+--
+
+REVOKE ALL ON FUNCTION public.agentledger_budget_on_request_end_v1() FROM PUBLIC;
+
+--
 -- Name: FUNCTION agentledger_budget_open_default(p_tenant uuid, p_workflow text, p_kind text); Type: ACL; Schema: public; Owner: agentledger_budget_keeper
 --
 
@@ -1241,10 +1849,16 @@ GRANT ALL ON FUNCTION public.agentledger_budget_settle(p_tenant uuid, p_reservat
 GRANT ALL ON FUNCTION public.agentledger_budget_settle(p_tenant uuid, p_reservation_id uuid, p_used bigint) TO agentledger_reconciler;
 
 --
--- Name: FUNCTION agentledger_copy_audit_events_v2(); Type: ACL; Schema: public; Owner: agentledger_audit_writer
+-- Name: FUNCTION agentledger_budget_settle_charges_v1(p_tenant uuid, p_operation uuid, p_state text); Type: ACL; Schema: public; Owner: agentledger_budget_counter
 --
 
-REVOKE ALL ON FUNCTION public.agentledger_copy_audit_events_v2() FROM PUBLIC;
+REVOKE ALL ON FUNCTION public.agentledger_budget_settle_charges_v1(p_tenant uuid, p_operation uuid, p_state text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION agentledger_copy_audit_events_v3(); Type: ACL; Schema: public; Owner: agentledger_audit_writer
+--
+
+REVOKE ALL ON FUNCTION public.agentledger_copy_audit_events_v3() FROM PUBLIC;
 
 --
 -- Name: FUNCTION agentledger_end_leases_of_v2(worker text); Type: ACL; Schema: public; Owner: agentledger_sweeper
@@ -1504,11 +2118,57 @@ GRANT UPDATE(evidence_key_version) ON TABLE public.approval_request TO agentledg
 GRANT UPDATE(payload_purged_at) ON TABLE public.approval_request TO agentledger_maintenance;
 
 --
+-- Name: TABLE approval_vote; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT ON TABLE public.approval_vote TO agentledger_admission;
+GRANT SELECT ON TABLE public.approval_vote TO agentledger_auditor;
+
+--
+-- Name: TABLE audit_checkpoint; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT ON TABLE public.audit_checkpoint TO agentledger_notary;
+GRANT SELECT ON TABLE public.audit_checkpoint TO agentledger_auditor;
+
+--
 -- Name: TABLE audit_event; Type: ACL; Schema: public
 --
 
 GRANT SELECT ON TABLE public.audit_event TO agentledger_auditor;
 GRANT INSERT ON TABLE public.audit_event TO agentledger_audit_writer;
+
+--
+-- Name: COLUMN audit_event.seq; Type: ACL; Schema: public
+--
+
+GRANT SELECT(seq) ON TABLE public.audit_event TO agentledger_notary;
+
+--
+-- Name: COLUMN audit_event.tenant_id; Type: ACL; Schema: public
+--
+
+GRANT SELECT(tenant_id) ON TABLE public.audit_event TO agentledger_notary;
+
+--
+-- Name: COLUMN audit_event.leaf_hash; Type: ACL; Schema: public
+--
+
+GRANT SELECT(leaf_hash) ON TABLE public.audit_event TO agentledger_notary;
+
+--
+-- Name: TABLE audit_log; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT ON TABLE public.audit_log TO agentledger_notary;
+GRANT SELECT ON TABLE public.audit_log TO agentledger_auditor;
+
+--
+-- Name: TABLE audit_notary_cursor; Type: ACL; Schema: public
+--
+
+GRANT SELECT,UPDATE ON TABLE public.audit_notary_cursor TO agentledger_notary;
+GRANT SELECT ON TABLE public.audit_notary_cursor TO agentledger_auditor;
 
 --
 -- Name: TABLE budget; Type: ACL; Schema: public
@@ -1533,6 +2193,16 @@ GRANT UPDATE(used) ON TABLE public.budget TO agentledger_admission;
 GRANT UPDATE(updated_at) ON TABLE public.budget TO agentledger_admission;
 
 --
+-- Name: TABLE budget_charge; Type: ACL; Schema: public
+--
+
+GRANT SELECT ON TABLE public.budget_charge TO agentledger_admission;
+GRANT SELECT ON TABLE public.budget_charge TO agentledger_executor;
+GRANT SELECT ON TABLE public.budget_charge TO agentledger_reconciler;
+GRANT SELECT ON TABLE public.budget_charge TO agentledger_auditor;
+GRANT SELECT,INSERT,DELETE,UPDATE ON TABLE public.budget_charge TO agentledger_budget_counter;
+
+--
 -- Name: TABLE budget_default; Type: ACL; Schema: public
 --
 
@@ -1548,6 +2218,16 @@ GRANT SELECT ON TABLE public.budget_reservation TO agentledger_executor;
 GRANT SELECT ON TABLE public.budget_reservation TO agentledger_reconciler;
 GRANT SELECT ON TABLE public.budget_reservation TO agentledger_auditor;
 GRANT SELECT,INSERT,UPDATE ON TABLE public.budget_reservation TO agentledger_budget_keeper;
+
+--
+-- Name: TABLE budget_window; Type: ACL; Schema: public
+--
+
+GRANT SELECT ON TABLE public.budget_window TO agentledger_admission;
+GRANT SELECT ON TABLE public.budget_window TO agentledger_executor;
+GRANT SELECT ON TABLE public.budget_window TO agentledger_reconciler;
+GRANT SELECT ON TABLE public.budget_window TO agentledger_auditor;
+GRANT SELECT,INSERT,UPDATE ON TABLE public.budget_window TO agentledger_budget_counter;
 
 --
 -- Name: TABLE command_attempt; Type: ACL; Schema: public
@@ -1603,6 +2283,8 @@ GRANT INSERT ON TABLE public.event_outbox TO agentledger_reconciler;
 GRANT SELECT,DELETE ON TABLE public.event_outbox TO agentledger_relay;
 GRANT INSERT ON TABLE public.event_outbox TO agentledger_budget_keeper;
 GRANT INSERT ON TABLE public.event_outbox TO agentledger_sweeper;
+GRANT INSERT ON TABLE public.event_outbox TO agentledger_budget_counter;
+GRANT INSERT ON TABLE public.event_outbox TO agentledger_notary;
 
 --
 -- Name: TABLE policy_decision; Type: ACL; Schema: public
@@ -1638,10 +2320,12 @@ GRANT SELECT ON TABLE public.tenant_data_key TO agentledger_reconciler;
 -- agentledger_admission: NOLOGIN
 -- agentledger_audit_writer: NOLOGIN
 -- agentledger_auditor: NOLOGIN
+-- agentledger_budget_counter: NOLOGIN
 -- agentledger_budget_keeper: NOLOGIN
 -- agentledger_executor: NOLOGIN
 -- agentledger_ingress: NOLOGIN
 -- agentledger_maintenance: NOLOGIN
+-- agentledger_notary: NOLOGIN
 -- agentledger_planner: NOLOGIN
 -- agentledger_reconciler: NOLOGIN
 -- agentledger_relay: NOLOGIN REPLICATION

@@ -66,8 +66,10 @@ def log_since(log: Path, offset: int) -> list[str]:
 
 
 def _xids(lines: list[str], event: str) -> set[str]:
-    return {w.split("=", 1)[1] for line in lines if f"event={event} " in line
-            for w in line.split() if w.startswith("xid=")}
+    """The xids a relay line names: ``xids=1,2,3`` (one read pass's, since issue 41)."""
+    return {xid for line in lines if f"event={event} " in line
+            for w in line.split() if w.startswith("xids=")
+            for xid in w.split("=", 1)[1].split(",") if xid}
 
 
 def relay_holds(log: Path, offset: int) -> set[str]:

@@ -10,7 +10,8 @@
 #                        `make lint`, `make chaos`
 #   bootstrap.sh test    and what the whole suite runs (`make test`): Debian's Chromium (browser
 #                        tier), curl and xz (Jaeger's probe and UI archive), kustomize and
-#                        kubeconform (deploy tier), Jaeger (the trace tests, `make traces`)
+#                        kubeconform (deploy tier), Jaeger (the trace tests, `make traces`),
+#                        Keycloak (the MCP server's OAuth tests)
 # AGENTLEDGER_EXTRAS adds extras (`make bench`: dev,bench).
 source "$(dirname "$0")/common.sh"
 HERE="$(dirname "$0")"
@@ -73,6 +74,11 @@ if [ "$MODE" = test ]; then
     step_start jaeger "Jaeger $(bash "$HERE/jaeger.sh" version), built from its Go module" \
       bash "$HERE/jaeger.sh" install
     started+=(jaeger)
+  fi
+  if ! bash "$HERE/keycloak.sh" installed; then
+    step_start keycloak "Keycloak $(bash "$HERE/keycloak.sh" version) (the MCP tests' OAuth server), from Maven Central" \
+      bash "$HERE/keycloak.sh" install
+    started+=(keycloak)
   fi
 fi
 

@@ -24,7 +24,9 @@ import asyncpg
 from opentelemetry.trace import get_tracer
 
 from agentledger import budgets, canonical, errors, faults, identity
+from agentledger.approvals import quorum as quorum_mod
 from agentledger.approvals import repository as approvals
+from agentledger.budgets import rules as operator_budgets
 from agentledger.contracts import admission as admission_contract
 from agentledger.contracts import common, outcomes
 from agentledger.contracts.proposals import ProposalV1
@@ -67,6 +69,8 @@ class _Decided:
     refused: errors.AgentLedgerError | None = None
     admitted: repository.AdmitResult | None = None
     pending: repository.NewCommand | None = None  # the command an approver must decide on
+    charges: str | None = None  # the pending command's budget charges (JSON), reserved with it
+    quorum: quorum_mod.Quorum = quorum_mod.ONE  # how many approvers the pending command needs
 
 
 @dataclass
@@ -82,6 +86,13 @@ class Admitter:
     envelope_keys: identity.KeySet | None = None
     # Per-request budget opened on first use (R7): e.g. {"tool_calls": 10}.
     budget_limits: Mapping[budgets.Kind, int] = field(default_factory=dict)
+    # The operator's budgets over runs, principals and tenants in time and money (issue 42).
+    budget_rules: operator_budgets.Budgets = field(default_factory=operator_budgets.Budgets)
+    # The clock that puts a command in its budget window (calendar UTC hour/day). The seam
+    # tests move to the next day instead of sleeping; services use the system clock.
+    clock: operator_budgets.Clock = operator_budgets.system_clock
+    # The operator's N-of-M approval rules (issue 42): who, and how many, must approve.
+    approval_rules: quorum_mod.ApprovalRules = field(default_factory=quorum_mod.ApprovalRules.empty)
     decision_ttl: timedelta = DEFAULT_DECISION_TTL
     approval_ttl: timedelta = DEFAULT_APPROVAL_TTL
     # Admission transactions of one tenant that overlap share one COMMIT (group commit);
@@ -194,10 +205,12 @@ class Admitter:
                     payload_ciphertext=ciphertext, payload_key_version=key_version,
                     traceparent=trace.traceparent if trace else None,
                     tracestate=trace.tracestate if trace else None)
+                charges = self._charges(proposal, spec, checked)
                 if approval:
-                    return _Decided(decision, record, pending=command)
+                    return _Decided(decision, record, pending=command, charges=charges,
+                                    quorum=self.approval_rules.quorum(spec.name, arguments))
                 found = await self._admit_allowed(
-                    tx, proposal, spec, checked.workflow_id, command, decision, record)
+                    tx, proposal, spec, checked.workflow_id, command, decision, record, charges)
                 if isinstance(found, errors.BudgetExhausted):
                     return _Decided(decision, record, refused=found)
                 await faults.point("admission.before_commit")
@@ -215,7 +228,8 @@ class Admitter:
             assert decided.pending is not None
             async with self.pool.acquire() as conn:
                 return await self._request_approval(
-                    conn, proposal, spec, decided.pending, decided.record, base)
+                    conn, proposal, spec, decided.pending, decided.record, base,
+                    decided.charges, decided.quorum)
         if admitted.status == "conflict":
             return _conflict(base)
         return AdmissionResultV1(
@@ -240,7 +254,7 @@ class Admitter:
         self, tx: repository.Conn, proposal: ProposalV1, spec: allowlist_mod.ActionSpec,
         workflow_id: str | None, command: repository.NewCommand,
         decision: decision_mod.Decision,
-        record: Callable[[repository.Conn], Awaitable[None]],
+        record: Callable[[repository.Conn], Awaitable[None]], charges: str | None = None,
     ) -> repository.AdmitResult | errors.BudgetExhausted:
         """Inside the caller's transaction: spend one tool call of the request's budget
         (R7.2) and admit, with the decision, in one statement (issue 41); a replay, a
@@ -254,7 +268,9 @@ class Admitter:
                 tool_call_limit=self.budget_limits.get("tool_calls") if budgeted else None,
                 audit=_proposal_audit(proposal, spec),
                 decision_reasons=json.dumps(list(getattr(decision, "reasons", ()))),
-                decision_reason=decision.reason)
+                decision_reason=decision.reason, charges=charges)
+            if isinstance(fast, repository.BudgetRefused):
+                return budget_refusal(fast.budget)
             if fast is not None:
                 return fast
         reservation = None
@@ -271,11 +287,31 @@ class Admitter:
                 # spent) earlier: answered as the replay (or conflict) it is, spending nothing.
             else:
                 reservation = reserved
+        if charges is not None and not await repository.is_recorded(
+                tx, proposal.tenant_id, proposal.operation_id):
+            refused = await repository.charge_budgets(
+                tx, proposal.tenant_id, proposal.operation_id, charges)
+            if refused is not None:
+                if reservation is not None:
+                    await budgets.settle_in(tx, reservation, None)
+                return budget_refusal(refused.budget)
         result = await repository.admit_in(tx, command, audit=_proposal_audit(proposal, spec))
         await record(tx)
         if reservation is not None:
             await budgets.settle_in(tx, reservation, 1 if result.status == "admitted" else None)
         return result
+
+    def _charges(self, proposal: ProposalV1, spec: allowlist_mod.ActionSpec,
+                 checked: _Checked) -> str | None:
+        """The operator's budgets this command falls under, as the ledger charges them."""
+        if not self.budget_rules.budgets:
+            return None
+        usage = proposal.usage
+        return operator_budgets.charges_json(self.budget_rules.charges(
+            action=spec.name, arguments=checked.arguments, principal_id=proposal.principal_id,
+            run_id=checked.workflow_id,
+            tokens=usage.prompt_tokens + usage.completion_tokens if usage else 0,
+            now=self.clock()))
 
     async def check(self, proposal: ProposalV1) -> tuple[allowlist_mod.ActionSpec, dict[str, Any]]:
         """Every check before the policy, writing nothing (for evaluation runs, R9.2).
@@ -386,6 +422,7 @@ class Admitter:
     async def _request_approval(
         self, conn: repository.Conn, proposal: ProposalV1, spec: allowlist_mod.ActionSpec,
         command: repository.NewCommand, record: Any, base: dict[str, Any],
+        charges: str | None = None, quorum: quorum_mod.Quorum = quorum_mod.ONE,
     ) -> AdmissionResultV1:
         # Evidence excerpts are business data the planner read: encrypted at rest like the
         # payload (R3.6); the row keeps refs, sources and digests in the clear.
@@ -398,8 +435,13 @@ class Admitter:
         requested = await approvals.request(conn, approvals.NewApproval(
             command=command, proposal_id=proposal.proposal_id, risk=spec.risk,
             evidence=[{k: v for k, v in e.items() if k != "excerpt"} for e in full],
-            evidence_ciphertext=sealed[0], evidence_key_version=sealed[1],
+            evidence_ciphertext=sealed[0], evidence_key_version=sealed[1], charges=charges,
+            quorum=quorum,
         ), also=record, audit=_proposal_audit(proposal, spec))
+        if requested.status == "budget_refused":
+            assert requested.refused_by is not None
+            return AdmissionResultV1.refused(budget_refusal(requested.refused_by),
+                                             decided_at=_now(), **base)
         if requested.status == "replayed_envelope":
             exc = errors.IdentityRejected(
                 "this proposal id was already requested with other content: a replayed "
@@ -416,6 +458,12 @@ class Admitter:
         assert requested.approval is not None
         return AdmissionResultV1(**base, status="pending_approval",
                                  approval_id=requested.approval.approval_id, decided_at=_now())
+
+
+def budget_refusal(budget: str) -> errors.BudgetExhausted:
+    """The refusal naming the operator's budget that had no room (issue 42)."""
+    return errors.BudgetExhausted(
+        f"budget {budget!r} has no room for this command; nothing was admitted")
 
 
 def _conflict(base: dict[str, Any]) -> AdmissionResultV1:

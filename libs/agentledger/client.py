@@ -154,12 +154,15 @@ class GatewayClient:
     async def submit_proposal(self, action: str, arguments: Mapping[str, Any], target: str, *,
                               expected_revision: str | None = None,
                               idempotency_key: str | None = None,
-                              run: str | None = None) -> Submission:
+                              run: str | None = None,
+                              trace: Mapping[str, str] | None = None) -> Submission:
         """POST a proposal to ``/v1/proposals``; retried with the same key on transient failures.
 
         Args:
             run: The run this proposal is a step of (``AgentLedger-Run``): the steps of a run
                 share its budgets. ``None``: the proposal is its own run.
+            trace: W3C ``traceparent`` (and ``tracestate``) the proposal's trace is a child
+                of, sent as those headers (ingress validates them).
 
         Raises:
             errors.ValidationFailed: ``run`` is not a run name (nothing is sent), or ingress
@@ -169,7 +172,8 @@ class GatewayClient:
             errors.StorageError: Ingress did not answer after retries.
         """
         return await self._post("/v1/proposals", _proposal_body(
-            action, arguments, target, expected_revision), idempotency_key, _checked_run(run))
+            action, arguments, target, expected_revision), idempotency_key, _checked_run(run),
+            trace)
 
     async def publish_proposal(self, action: str, arguments: Mapping[str, Any], target: str, *,
                                expected_revision: str | None = None,
@@ -248,9 +252,12 @@ class GatewayClient:
     # --- internals ---------------------------------------------------------------------------
 
     async def _post(self, path: str, body: Mapping[str, Any], key: str | None,
-                    run: str | None = None) -> Submission:
+                    run: str | None = None, trace: Mapping[str, str] | None = None
+                    ) -> Submission:
         key = key or str(uuid.uuid4())
-        headers = {"Authorization": f"Bearer {self.token}", "Idempotency-Key": key}
+        headers = {**{k: v for k, v in (trace or {}).items() if k in ("traceparent",
+                                                                      "tracestate")},
+                   "Authorization": f"Bearer {self.token}", "Idempotency-Key": key}
         if run is not None:
             headers["AgentLedger-Run"] = run
         last: str = "no attempt"

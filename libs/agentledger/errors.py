@@ -13,6 +13,7 @@ __all__ = ["AccessDenied", "AgentLedgerError", "AnswersUndelivered", "ApprovalEx
            "ApprovalMismatch", "ApprovalNotFound", "AttemptMayStillAct", "BrokerUnavailable",
            "BudgetExhausted", "CommandNotFound", "ConfigurationError", "DataRejected",
            "DecodeError", "DecryptionFailed", "DeliveryFailed", "DeliveryStalled",
+           "EvidenceInvalid", "EvidencePending",
            "IdempotencyConflict", "IdentityRejected", "InvalidArguments", "InvalidTransition",
            "MigrationError", "NotAnOperator", "NotInLedgerYet", "NotVisibleYet", "PayloadPurged",
            "PoisonMessage", "PolicyDenied", "PrincipalNotFound", "PublicationMissing",
@@ -196,6 +197,26 @@ class DecryptionFailed(AgentLedgerError):
     """A payload could not be decrypted (wrong key, tampered, or moved to another row)."""
 
     code = "decryption_failed"
+
+
+class EvidenceInvalid(AgentLedgerError):
+    """Evidence does not verify: a receipt, a checkpoint or a tenant's log was altered, or is
+    signed by a key the verifier does not trust. ``details["field"]`` names where."""
+
+    code = "evidence_invalid"
+
+    @property
+    def field(self) -> str:
+        """Where verification failed: a JSON path in a receipt, or a log position."""
+        return str(self.details.get("field", ""))
+
+
+class EvidencePending(AgentLedgerError):
+    """The evidence asked for is not under a signed checkpoint yet: the notary has not
+    sequenced it (it runs every few seconds), or no notary runs."""
+
+    code = "evidence_pending"
+    retryable = True
 
 
 class PayloadPurged(AgentLedgerError):

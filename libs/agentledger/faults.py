@@ -27,6 +27,7 @@ POINTS = frozenset({
     "executor.after_remote_write",     # after the remote write, before the receipt is persisted
     "executor.after_receipt",          # after the receipt, before the queue ack
     "relay.after_produce",             # after produce, before the LSN flush
+    "relay.after_sweep",               # acknowledged rows deleted, their LSN not yet flushed
     "relay.after_slot_created",        # slot created, its pre-slot rows not yet published
     "reconciler.mid_lookup",
 })

@@ -30,6 +30,8 @@ SERVICES: Final[dict[str, tuple[tuple[str, ...], bool]]] = {
     "console": (("agentledger_admission", "agentledger_auditor"), False),
     # One function and nothing else: the request hash an operation id holds (0021).
     "ingress": (("agentledger_ingress",), False),
+    # Reads only: the principal directory at every request, the ledger for its status tool.
+    "mcp": (("agentledger_auditor",), False),
 }
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import itertools
 import os
 import re
 import sys
@@ -68,7 +69,7 @@ def discover(directory: Path) -> list[Migration]:
     """List the migrations of a directory in version order.
 
     Raises:
-        MigrationError: on a badly named file or a repeated or missing version number.
+        MigrationError: on a badly named file or a repeated or decreasing version number.
     """
     found: list[Migration] = []
     for path in sorted(directory.glob("*.sql")):
@@ -78,11 +79,14 @@ def discover(directory: Path) -> list[Migration]:
         if not match:
             raise errors.MigrationError(f"bad migration file name: {path.name}")
         found.append(Migration(int(match[1]), match[2], path))
-    for expected, migration in enumerate(found, start=1):
-        if migration.version != expected:
+    # Versions increase; gaps are allowed, because parallel branches each own a range of
+    # numbers (0050-0059 for one issue, ...) and land in any order. `migrate` refuses one
+    # that would run below an applied version, so order is never silently changed.
+    for before, migration in itertools.pairwise(found):
+        if migration.version <= before.version:
             raise errors.MigrationError(
-                f"migration versions must run 1, 2, 3...; found {migration.path.name} "
-                f"where version {expected:04d} was expected"
+                f"migration versions must increase; found {migration.path.name} "
+                f"after {before.path.name}"
             )
     return found
 
@@ -117,6 +121,11 @@ async def migrate(dsn: str, directory: Path) -> list[Migration]:
                             version=migration.version,
                         )
                     continue
+                if applied and migration.version < max(applied):
+                    raise errors.MigrationError(
+                        f"{migration.path.name} is older than the newest applied migration "
+                        f"({max(applied):04d}): renumber it above, it would run out of order",
+                        version=migration.version)
                 try:
                     async with conn.transaction():
                         await conn.execute(migration.sql)

@@ -29,6 +29,11 @@ ConnectorOptions = Annotated[
 # The operator's allowlist file and Cedar policy directory; unset: the packaged ones (the demo's).
 AllowlistPath = Annotated[Path | None, Field(validation_alias="AGENTLEDGER_ALLOWLIST")]
 PolicyDir = Annotated[Path | None, Field(validation_alias="AGENTLEDGER_POLICY_DIR")]
+# The operator's budgets over runs, principals and tenants (agentledger.budgets.rules); unset:
+# none beyond the per-run tool-call budget.
+BudgetsPath = Annotated[Path | None, Field(validation_alias="AGENTLEDGER_BUDGETS")]
+# The operator's N-of-M approval rules (agentledger.approvals.quorum); unset: one approver.
+ApprovalsPath = Annotated[Path | None, Field(validation_alias="AGENTLEDGER_APPROVALS")]
 
 
 class Settings(BaseSettings):
@@ -63,6 +68,8 @@ class PolicySources(BaseSettings):
 
     allowlist: AllowlistPath = None
     policy_dir: PolicyDir = None
+    budgets: BudgetsPath = None
+    approvals: ApprovalsPath = None
 
 
 def load() -> Settings:

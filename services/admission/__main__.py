@@ -6,7 +6,7 @@ import logging
 
 import uvloop
 
-from agentledger import settings, telemetry
+from agentledger import errors, settings, telemetry
 from agentledger.services.admission.app import create_app
 
 if __name__ == "__main__":
@@ -14,4 +14,7 @@ if __name__ == "__main__":
     settings.require_configuration("admission", allowlist=True, policies=True, connectors=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     telemetry.setup("agentledger-admission")
-    uvloop.run(create_app().run())  # uvloop: a cheaper event loop (issue 20 §5)
+    try:
+        uvloop.run(create_app().run())  # uvloop: a cheaper event loop (issue 20 §5)
+    except errors.ConfigurationError as exc:  # e.g. budgets that do not fit the allowlist
+        raise SystemExit(f"agentledger admission: {exc.message}") from None

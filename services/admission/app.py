@@ -10,11 +10,15 @@ from datetime import timedelta
 import confluent_kafka
 
 from agentledger import admission, crypto, errors, identity, services
+from agentledger import settings as shared
+from agentledger.approvals import quorum
+from agentledger.budgets import rules as budget_rules_mod
 from agentledger.connectors import plugins
 from agentledger.contracts import topics
 from agentledger.kafka import batch
 from agentledger.ledger import groupcommit, keys
 from agentledger.policy import allowlist
+from agentledger.policy import check as policy_check
 from agentledger.policy import repository as policy_repo
 from agentledger.services.admission import handlers
 from agentledger.services.admission.settings import AdmissionSettings
@@ -32,6 +36,10 @@ class AdmissionService:
         """Serve until SIGTERM/SIGINT (or ``stop``), then finish the batch in hand and leave."""
         cfg = self.cfg
         rules = allowlist.Allowlist.load()
+        # Bad budgets stop the service here, naming what (as `agentledger check-config`).
+        sources = shared.PolicySources()
+        budget_rules = policy_check.load_budgets(sources.budgets, rules)
+        approval_rules = policy_check.load_approvals(sources.approvals, rules)
         if cfg.require_identity and not cfg.envelope_keys:
             raise errors.IdentityRejected(
                 "AGENTLEDGER_ADMISSION_ENVELOPE_KEYS is empty: admission cannot verify identities")
@@ -46,10 +54,12 @@ class AdmissionService:
         ) as running:
             resolver = plugins.resolver(configured, plugins.read_tokens(
                 configured, cfg.read_tokens, cfg.crm_read_tokens))
-            await self._serve(running, rules, keys_, resolver)
+            await self._serve(running, rules, keys_, resolver, budget_rules, approval_rules)
 
     async def _serve(self, running: services.Running, rules: allowlist.Allowlist,
-                     keys_: identity.KeySet | None, resolver: plugins.RoutingResolver) -> None:
+                     keys_: identity.KeySet | None, resolver: plugins.RoutingResolver,
+                     budget_rules: budget_rules_mod.Budgets,
+                     approval_rules: quorum.ApprovalRules) -> None:
         cfg, pool = self.cfg, running.pool
         producer = confluent_kafka.Producer(
             batch.producer_config(cfg.kafka_bootstrap, client_id="agentledger-admission"))
@@ -67,7 +77,7 @@ class AdmissionService:
                     crypto.MasterKey.from_b64(cfg.master_key.get_secret_value())),
                 envelope_keys=keys_,
                 budget_limits={"tool_calls": cfg.budget_tool_calls} if cfg.budget_tool_calls
-                else {},
+                else {}, budget_rules=budget_rules, approval_rules=approval_rules,
                 decision_ttl=timedelta(seconds=cfg.decision_ttl_s),
                 approval_ttl=timedelta(seconds=cfg.approval_ttl_s), group=commits,
             )

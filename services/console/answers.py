@@ -21,6 +21,7 @@ class Answer:
 MESSAGES: Final = {
     "approved": "Approved. The command was admitted with exactly the hash you were shown.",
     "denied": "Denied. Nothing will be executed.",
+    "pending": "Your approval counts. This request needs more approvers before anything runs.",
     "expired": "This approval expired before it was decided. Nothing was executed; the agent "
                "must propose again.",
     "superseded": "The record changed since the proposal, so this request is superseded and "

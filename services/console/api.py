@@ -71,6 +71,10 @@ def detail(r: review.Review) -> dict[str, Any]:
                      "changed": c.changed} for c in r.changes],
         # Untrusted data the planner read: a client must render it as text, never as markup.
         "evidence": [{**e, "untrusted": True} for e in r.shown_evidence],
+        # N-of-M (issue 42): how many distinct approvers of which role, and who approved.
+        "quorum": {"required": r.approval.required_approvals, "role": r.approval.approver_role,
+                   "rule": r.approval.quorum_rule,
+                   "approved_by": [v.approver for v in r.votes]},
     }
 
 

@@ -149,7 +149,7 @@ async def approval_detail(
 ) -> HTMLResponse:
     found = await _console(request).review(who.session, answers.approval_id(approval_id))
     message = answers.MESSAGES.get(outcome or "")
-    good = outcome in ("approved", "denied")
+    good = outcome in ("approved", "denied", "pending")
     return render("detail.html", who=who, r=found, message=message, good=good)
 
 

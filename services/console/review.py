@@ -104,6 +104,8 @@ class Review:
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
     # Decrypted evidence with excerpts (untrusted data); the stored refs when none.
     evidence: list[dict[str, Any]] | None = None
+    # The approvals an N-of-M request has gathered (issue 42).
+    votes: list[approvals.Vote] = field(default_factory=list)
 
     @property
     def shown_evidence(self) -> list[dict[str, Any]]:
@@ -219,9 +221,11 @@ class Console:
             approval = await approvals.get(conn, session.tenant_id, approval_id)
             arguments = await self._arguments(conn, approval)
             evidence = await self._evidence(conn, approval)
+            votes = (await approvals.votes(conn, session.tenant_id, approval_id)
+                     if approval.required_approvals > 1 else [])
         current = await self.records.fetch(session.tenant_id, approval.resource_id)
         return Review(approval, self.allowlist.actions.get(approval.action), arguments, current,
-                      evidence=evidence)
+                      evidence=evidence, votes=votes)
 
     async def _arguments(self, conn: ledger.Conn, a: approvals.Approval) -> dict[str, Any] | None:
         return await rules.arguments(conn, self.cipher, a)

@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     # One DELETE per batch: large enough to amortise the round trip, small enough to keep
     # the sweep transaction short.
     sweep_batch: int = Field(default=500, ge=1, le=10_000)
+    # Acknowledged rows are swept together: at sweep_batch rows or this long after the first
+    # acknowledgement waiting, not one DELETE per acknowledged transaction (issue 41).
+    sweep_interval: float = Field(default=0.1, gt=0, le=10)
     # A couple of ms batches bursts without adding visible commit→ack lag.
     linger_ms: int = Field(default=2, ge=0, le=1000)
     # Longer than a broker restart; after it a record fails and the session replays from
@@ -97,6 +100,7 @@ class Settings(BaseSettings):
             max_in_flight=self.max_in_flight,
             read_batch=self.read_batch,
             sweep_batch=self.sweep_batch,
+            sweep_interval=self.sweep_interval,
             linger_ms=self.linger_ms,
             delivery_timeout_ms=self.delivery_timeout_ms,
             stall_timeout=self.stall_timeout,

@@ -1,8 +1,10 @@
-"""The MCP server (`agentledger mcp`) in front of the real pipeline (issue 21 item 5).
+"""The MCP server (`agentledger mcp`) in front of the real pipeline (issue 21 item 5), with
+the project's session tokens (OAuth access tokens: test_mcp_oauth.py).
 
 Real services as processes over the shared Kafka and PostgreSQL: ingress, admission, relay,
-executors, reconciler, the CRM stand-in; the MCP server as its own process, reached with the
-official `mcp` SDK's client over streamable HTTP and, started by that client, over stdio.
+executors, reconciler, the CRM stand-in; the MCP server as its own process (its own database
+login, reading the principal directory), reached with the official `mcp` SDK's client over
+streamable HTTP and, started by that client, over stdio.
 """
 
 from __future__ import annotations
@@ -11,24 +13,28 @@ import asyncio
 import json
 import os
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx2
 import mcp_types as types
 import psycopg2
 import pytest
+from confluent_kafka import Consumer
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from agentledger import client as client_mod
-from agentledger import identity
-from agentledger.mcp import auth, idempotency, runs
-from agentledger.testing import processes
+from agentledger import identity, logins
+from agentledger.mcp import idempotency, runs
+from agentledger.policy import repository as policy_repo
+from agentledger.testing import identities, processes
 from agentledger.testing.pipeline import Pipeline, pipeline
 from agentledger.testing.polling import wait_until
 from tests.stack import Stack
@@ -56,7 +62,9 @@ def world(stack: Stack, database_url: str, make_database: Callable[[], str],
                "AGENTLEDGER_MCP_WAIT_S": str(WAIT_S),
                "AGENTLEDGER_MCP_SESSION_KEYS": json.dumps({p.sessions.kid: p.sessions.public_pem}),
                "AGENTLEDGER_MCP_SESSION_ISSUER": p.sessions.issuer,
-               "AGENTLEDGER_MCP_SESSION_AUDIENCE": p.sessions.audience}
+               "AGENTLEDGER_MCP_SESSION_AUDIENCE": p.sessions.audience,
+               # Its own login (agentledger_auditor): the directory and the ledger, read only.
+               "AGENTLEDGER_DATABASE_URL": logins.url_for(p.database_url, "mcp")}
         with processes.running("agentledger.mcp", {
                 **env, "AGENTLEDGER_MCP_TRANSPORT": "http", "AGENTLEDGER_MCP_PORT": str(port)},
                 logs / "mcp.log", ready=processes.http_ok(f"http://127.0.0.1:{port}/healthz")):
@@ -79,10 +87,21 @@ async def _http(url: str, token: str | None, run: str | None = None) -> AsyncIte
         yield mcp
 
 
+def _raw(url: str, token: str | None, method: str = "tools/list",
+         params: dict[str, Any] | None = None) -> httpx2.Response:
+    """One JSON-RPC request as a bare HTTP POST (the HTTP status is what is checked)."""
+    headers = {"Accept": "application/json, text/event-stream",
+               "MCP-Protocol-Version": "2025-11-25"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    return httpx2.post(url, json={"jsonrpc": "2.0", "id": 1, "method": method,
+                                  "params": params or {}}, headers=headers, timeout=30)
+
+
 def _stdio(env: dict[str, str], token: str) -> Client:
     return Client(StdioServerParameters(
         command=sys.executable, args=["-m", "agentledger.mcp"], cwd=str(Path.cwd()),
-        env={**os.environ, **env, "AGENTLEDGER_MCP_TRANSPORT": "stdio",
+        env={**os.environ, **processes.PROFILE, **env, "AGENTLEDGER_MCP_TRANSPORT": "stdio",
              "AGENTLEDGER_MCP_TOKEN": token}))
 
 
@@ -149,17 +168,21 @@ def test_tools_list_shows_what_the_callers_roles_may_propose(world: tuple[Pipeli
     note = user["crm.note.create"].input_schema
     assert "expected_revision" not in note["properties"] and "target" in note["required"]
     assert "approve" in (user["billing.refund.create"].description or "")
-    # No role that may request anything (none at all, or an approver's): only the status tool.
-    assert set(asyncio.run(listed(_token(p, "user:nobody", [])))) == {STATUS}
-    assert set(asyncio.run(listed(_token(p, "user:bob", ["approver"])))) == {STATUS}
+    # The directory's roles decide, not the token's: bob is an approver there, whatever his
+    # token claims, and may request nothing: only the status tool.
+    assert set(asyncio.run(listed(_token(p, "user:bob", ["user"])))) == {STATUS}
 
     # And a call of a tool it does not see is an MCP error: nothing proposed.
-    nobody = _token(p, "user:nobody", [])
-    error = asyncio.run(_refused(lambda: _http(url, nobody), lambda mcp: mcp.call_tool(
-        "crm.note.create", _note(p, "from nobody"))))
+    bob = _token(p, "user:bob", ["user"])
+    error = asyncio.run(_refused(lambda: _http(url, bob), lambda mcp: mcp.call_tool(
+        "crm.note.create", _note(p, "from bob"))))
     assert error.code == types.INVALID_PARAMS
-    key = idempotency.derived_key("user:nobody", "crm.note.create", _note(p, "from nobody"))
-    assert p.state(client_mod.operation_id_for(nobody, key)) is None
+    key = idempotency.derived_key("user:bob", "crm.note.create", _note(p, "from bob"))
+    assert p.state(client_mod.operation_id_for(bob, key)) is None
+
+    # A principal the directory does not know in the token's tenant is refused like a bad token.
+    nobody = _raw(url, _token(p, "user:nobody", ["user"]))
+    assert nobody.status_code == 401 and "invalid_token" in nobody.headers["www-authenticate"]
 
 
 def test_a_note_succeeds_with_its_receipt_and_one_effect(world: tuple[Pipeline, str, dict[str, str]]) -> None:
@@ -263,15 +286,19 @@ def test_an_invalid_token_is_refused_and_nothing_is_proposed(world: tuple[Pipeli
                                     issuer=p.sessions.issuer, roles=["user"])
     body = _note(p, f"forged {uuid.uuid4()}")
     for token in (forged, None, "not-a-jwt"):
-        listed = asyncio.run(_refused(lambda t=token: _http(url, t), lambda mcp: mcp.list_tools()))
-        called = asyncio.run(_refused(lambda t=token: _http(url, t),
-                                      lambda mcp: mcp.call_tool("crm.note.create", body)))
-        assert listed.code == called.code == auth.UNAUTHENTICATED
+        for method, params in (("tools/list", {}),
+                               ("tools/call", {"name": "crm.note.create", "arguments": body})):
+            # HTTP 401 with a challenge, never a JSON-RPC error code (issue 40).
+            answer = _raw(url, token, method, params)
+            assert answer.status_code == 401, answer.text
+            assert answer.headers["www-authenticate"].startswith("Bearer ")
+            assert "jsonrpc" not in answer.text
     key = idempotency.derived_key("user:alice", "crm.note.create", body)
     assert p.state(client_mod.operation_id_for(forged, key)) is None
-    # Over stdio the configured token is checked the same way.
+    # Over stdio the configured token is checked the same way; stdio has no HTTP status, so
+    # it is a standard JSON-RPC code (never one of the reserved -32020..-32099).
     over_stdio = asyncio.run(_refused(lambda: _stdio(env, forged), lambda mcp: mcp.list_tools()))
-    assert over_stdio.code == auth.UNAUTHENTICATED
+    assert over_stdio.code == types.INVALID_REQUEST
 
 
 def test_stdio_lists_and_proposes_with_the_configured_token(world: tuple[Pipeline, str, dict[str, str]]) -> None:
@@ -294,25 +321,57 @@ def test_stdio_lists_and_proposes_with_the_configured_token(world: tuple[Pipelin
     assert "operation_id" not in bad
 
 
-def test_the_status_tool_of_another_process_reads_the_topics_within_the_tenant(world: tuple[Pipeline, str, dict[str, str]]) -> None:
+def test_the_status_tool_answers_the_proposer_and_the_tenants_approvers_from_the_ledger(
+        world: tuple[Pipeline, str, dict[str, str]]) -> None:
+    # Issue 38's leftovers: only the proposer, an approver or an operator of the tenant is
+    # answered; the directory is asked (revoked → refused); an id the ledger does not know is
+    # answered at once, without reading any topic from its start.
     p, url, env = world
     token = _token(p)
+    asyncio.run(identities.put_principals(p.database_url, p.tenant, {
+        "user:carol": ["user"], "user:rex": ["user"]}))
 
     async def over_http() -> dict[str, Any]:
         async with _http(url, token) as mcp:
             return _answer(await mcp.call_tool("crm.note.create", _note(p, f"asked {uuid.uuid4()}")))
     done = asyncio.run(over_http())
     assert done["status"] == "succeeded", done
+    op = done["operation_id"]
 
-    async def ask(token: str) -> dict[str, Any]:
-        # A fresh stdio process never submitted it: it reads the answers from the topics.
+    async def ask(token: str, operation_id: str = op) -> dict[str, Any]:
+        # A fresh stdio process never submitted it: it reads the ledger.
         async with _stdio(env, token) as mcp:
-            return _answer(await mcp.call_tool(STATUS, {"operation_id": done["operation_id"]}))
-    assert asyncio.run(ask(token)) == {"status": "succeeded", "operation_id": done["operation_id"],
-                                       "receipt": done["receipt"]}
-    assert p.sessions is not None
-    stranger = p.sessions.issue(str(uuid.uuid4()), "user:alice", ["user"])
-    assert asyncio.run(ask(stranger)) == {"status": "not_found", "operation_id": done["operation_id"]}
+            return _answer(await mcp.call_tool(STATUS, {"operation_id": operation_id}))
+    expected = {"status": "succeeded", "operation_id": op, "receipt": done["receipt"]}
+    assert asyncio.run(ask(token)) == expected
+    assert asyncio.run(ask(_token(p, "user:bob", ["approver"]))) == expected
+    # Another user of the tenant: as if there were no such operation.
+    assert asyncio.run(ask(_token(p, "user:carol"))) == {"status": "not_found", "operation_id": op}
+
+    # An id nobody proposed: not_found from the ledger, well within the wait bound (the
+    # topics are not read from their start; that took the whole WAIT_S before).
+    unknown = str(uuid.uuid4())
+    started = time.monotonic()
+    assert asyncio.run(ask(token, unknown)) == {"status": "not_found", "operation_id": unknown}
+    assert time.monotonic() - started < WAIT_S / 2
+
+    # A revoked principal's still-valid token is refused: HTTP 401, and over stdio an error.
+    rex = _token(p, "user:rex")
+    assert _raw(url, rex, "tools/call", {"name": STATUS, "arguments": {"operation_id": op}}
+                ).status_code == 200
+    asyncio.run(_revoke(p, "user:rex"))
+    assert _raw(url, rex, "tools/call", {"name": STATUS, "arguments": {"operation_id": op}}
+                ).status_code == 401
+    refused = asyncio.run(_refused(lambda: _stdio(env, rex), lambda mcp: mcp.list_tools()))
+    assert refused.code == types.INVALID_REQUEST
+
+
+async def _revoke(p: Pipeline, principal: str) -> None:
+    conn = await asyncpg.connect(p.database_url)
+    try:
+        assert await policy_repo.revoke_principal(conn, uuid.UUID(p.tenant), principal)
+    finally:
+        await conn.close()
 
 
 def _run_budget(p: Pipeline, principal: str, run: str) -> tuple[list[tuple[Any, ...]], list[str]]:
@@ -366,3 +425,64 @@ def test_calls_naming_one_run_spend_one_budget(world: tuple[Pipeline, str, dict[
     assert refused.code == types.INVALID_PARAMS and runs.META_RUN in refused.message
     key = idempotency.derived_key("user:alice", "crm.note.create", bad_body)
     assert p.state(client_mod.operation_id_for(token, key)) is None
+
+
+def test_a_traceparent_in_meta_parents_the_proposals_trace(world: tuple[Pipeline, str, dict[str, str]]) -> None:
+    # Issue 40 item 6: the caller's trace context (MCP `_meta.traceparent`) is the parent of
+    # what ingress publishes, whose headers admission's spans continue (tests/e2e/test_traces.py).
+    p, url, _ = world
+    trace_id = uuid.uuid4().hex
+    parent = f"00-{trace_id}-{uuid.uuid4().hex[:16]}-01"
+
+    async def call() -> dict[str, Any]:
+        async with _http(url, _token(p)) as mcp:
+            return _answer(await mcp.call_tool(
+                "crm.note.create", _note(p, f"traced {uuid.uuid4()}"),
+                meta={"traceparent": parent, "tracestate": "agentledger=test"}))
+    done = asyncio.run(call())
+    assert done["status"] == "succeeded", done
+    consumer = Consumer({"bootstrap.servers": p.bootstrap, "group.id": f"trace-{uuid.uuid4().hex}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([p.topic("agent.proposals.v1")])
+    found: list[dict[str, str]] = []
+
+    def seen() -> bool:
+        msg = consumer.poll(0.5)
+        if msg is not None and msg.error() is None and json.loads(
+                msg.value() or b"null").get("operation_id") == done["operation_id"]:
+            found.append({k: v.decode() for k, v in (msg.headers() or []) if isinstance(v, bytes)})
+        return bool(found)
+    try:
+        assert wait_until(seen, timeout=60, interval=0)
+    finally:
+        consumer.close()
+    published = found[0]["traceparent"].split("-")
+    assert published[1] == trace_id and published[2] != parent.split("-")[2]  # a child span
+    assert found[0]["tracestate"] == "agentledger=test"
+
+
+def test_a_run_opened_by_its_tool_is_passed_as_an_argument_and_spends_one_budget(
+        world: tuple[Pipeline, str, dict[str, str]]) -> None:
+    # Issue 40 item 5: runs as handles. The opener answers a handle; calls pass it as their
+    # `run` argument; the steps share one budget, and the run does not change the operation.
+    p, url, _ = world
+
+    async def calls() -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+        async with _http(url, _token(p)) as mcp:
+            opened = _answer(await mcp.call_tool("agentledger_open_run", {}))
+            handle = opened["run"]
+            notes = [_note(p, f"handle {handle} {n}") for n in range(2)]
+            steps = [_answer(await mcp.call_tool("crm.note.create", {**note, "run": handle}))
+                     for note in notes]
+            # The first call again, in another run: the same operation, nothing spent there.
+            again = _answer(await mcp.call_tool("crm.note.create", {**notes[0], "run": f"{handle}-x"}))
+            return handle, steps, again
+    handle, steps, again = asyncio.run(calls())
+    assert all(s["status"] in ("succeeded", "in_progress") for s in steps), steps
+    assert again["operation_id"] == steps[0]["operation_id"]
+    expected = ([(20, 0, 2)], sorted(s["operation_id"] for s in steps))
+    assert wait_until(lambda: _run_budget(p, "user:alice", handle) == expected, timeout=60), (
+        _run_budget(p, "user:alice", handle))
+    # The replay in the other run reserved nothing (its budget row, if made, is unspent).
+    rows, reserved = _run_budget(p, "user:alice", f"{handle}-x")
+    assert reserved == [] and all(row[1:] == (0, 0) for row in rows), rows

@@ -261,7 +261,8 @@ async def test_budget_roles_are_least_privilege(db: asyncpg.Connection) -> None:
     functions = await db.fetch(
         "SELECT p.proname, pg_get_userbyid(p.proowner) AS owner, p.prosecdef, p.proconfig, "
         "       has_function_privilege('public', p.oid, 'EXECUTE') AS public_exec "
-        "FROM pg_proc p WHERE p.proname LIKE 'agentledger_budget_%'")
+        "FROM pg_proc p WHERE p.proname LIKE 'agentledger_budget_%' "
+        "AND pg_get_userbyid(p.proowner) <> 'agentledger_budget_counter'")  # 0040's: apart
     # Opening from the tenant's default (migration 0008): the planner never chooses a limit.
     assert {f["proname"] for f in functions} == {"agentledger_budget_reserve_v2",
                                                  "agentledger_budget_settle",

@@ -213,3 +213,30 @@ async def test_claims_of_records_that_arrive_together_share_one_commit(world: Wo
                 " AND stage='dispatch'", t.tenant_id, op)
             assert decisions == 1
         assert (await world.row(t, ops[0]))["state"] == "dispatching"
+
+
+async def test_a_unit_alone_that_loses_a_deadlock_runs_again_bounded(pool: asyncpg.Pool) -> None:
+    # Issue 42: a unit alone can lose a deadlock to a group of its tenant (budget windows
+    # locked in its units' order); its transaction rolled back whole, so it runs again — up
+    # to ALONE_ATTEMPTS times, and never for another error.
+    group = groupcommit.GroupCommit(pool, leaders=1, max_group=1)
+    runs: list[int] = []
+
+    def unit(fail_first: int, sqlstate: str) -> Callable[[repository.Conn], Coroutine[Any, Any, int]]:
+        async def run(conn: repository.Conn) -> int:
+            runs.append(1)
+            if len(runs) <= fail_first:
+                raise errors.StorageError("deadlock detected", sqlstate=sqlstate)
+            return int(await conn.fetchval("SELECT 1"))
+        return run
+
+    assert await group.run(uuid.uuid4(), unit(2, "40P01")) == 1
+    assert len(runs) == 3
+    runs.clear()
+    with pytest.raises(errors.StorageError):
+        await group.run(uuid.uuid4(), unit(groupcommit.ALONE_ATTEMPTS, "40P01"))
+    assert len(runs) == groupcommit.ALONE_ATTEMPTS
+    runs.clear()
+    with pytest.raises(errors.StorageError):  # not a transient failure: raised at once
+        await group.run(uuid.uuid4(), unit(1, "08006"))
+    assert len(runs) == 1

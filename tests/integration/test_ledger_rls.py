@@ -62,11 +62,11 @@ async def test_no_security_definer_function_runs_with_a_login_superuser_or_rls_b
         "WHERE n.nspname = 'public' AND p.prosecdef")
     names = {d["fn"].split("(")[0] for d in definers}
     assert {"agentledger_needs_reconciliation_v3", "agentledger_stranded_pending_v2", "agentledger_expire_approvals",
-            "agentledger_copy_audit_events_v2", "agentledger_budget_reserve_v2"} <= names, names
+            "agentledger_copy_audit_events_v3", "agentledger_budget_reserve_v2"} <= names, names
     for d in definers:
         assert not (d["rolsuper"] or d["rolbypassrls"] or d["rolcanlogin"]), dict(d)
         assert d["rolname"] in ("agentledger_sweeper", "agentledger_audit_writer",
-                                "agentledger_budget_keeper"), dict(d)
+                                "agentledger_budget_keeper", "agentledger_budget_counter"), dict(d)
 
 
 async def test_the_sweepers_functions_still_serve_the_reconciler_across_tenants(

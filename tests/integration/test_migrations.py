@@ -77,7 +77,7 @@ async def test_runner_refuses_an_edited_applied_file(database_url: str, tmp_path
 async def test_failed_migration_rolls_back_alone(database_url: str, tmp_path: Path) -> None:
     copy = tmp_path / "migrations"
     shutil.copytree(MIGRATIONS, copy)
-    n = len(migrations.discover(copy))
+    n = migrations.discover(copy)[-1].version
     (copy / f"{n + 1:04d}_broken.sql").write_text(
         "CREATE TABLE should_not_survive (id int);\nSELECT * FROM no_such_table;\n"
     )

@@ -14,6 +14,7 @@ import asyncpg
 import pytest
 
 from agentledger import admission
+from agentledger.budgets import rules as budget_rules
 from agentledger.contracts.proposals import ProposalV1
 from agentledger.ledger import keys, repository
 from tests.integration import executor_world
@@ -115,3 +116,41 @@ async def test_a_note_costs_two_admission_statements_and_three_executor_statemen
     assert spent is None  # no workflow: unbudgeted (the envelope names the workflow)
     assert [r["type"] for r in audited] == ["command.admitted", "command.claimed",
                                             "command.succeeded"]
+
+
+async def test_the_operators_budgets_add_no_admission_statement(
+    world: World, counted: tuple[Counted, asyncpg.Pool, Counted, asyncpg.Pool],
+) -> None:
+    # Issue 42: a principal's and a tenant's budgets are charged inside the one admitting
+    # statement (agentledger_budget_charge_v1), not beside it.
+    a, admission_pool, _, _ = counted
+    t = await world.tenant()
+    cipher = keys.PayloadCipher(world.master)
+    found = budget_rules.Budgets.parse({"format": budget_rules.FILE_FORMAT, "budgets": [
+        {"name": "notes-per-principal-day", "scope": "principal", "window": "day",
+         "unit": "calls", "limit": 10},
+        {"name": "notes-per-tenant-hour", "scope": "tenant", "window": "hour", "unit": "calls",
+         "limit": 100}]})
+    admitter = admission.Admitter(pool=admission_pool, allowlist=RULES,
+                                  resolver=world.admitter().resolver,
+                                  authorizer=world.authorizer, cipher=cipher,
+                                  budget_limits={"tool_calls": 5}, budget_rules=found)
+    async with admission_pool.acquire() as conn:
+        await cipher.warm(conn, t.tenant_id)
+    op = uuid.uuid4()
+    proposal = ProposalV1.model_validate_json(json.dumps({
+        "schema": "agentledger.proposal.v1", "proposal_id": str(uuid.uuid4()),
+        "tenant_id": str(t.tenant_id), "principal_id": "user:alice", "operation_id": str(op),
+        "action": "crm.note.create", "arguments": {"customer_id": t.customer_id,
+                                                   "body": "counted, budgeted"},
+        "target": t.customer_id, "planner": {"name": "test"},
+        "created_at": datetime.now(UTC).isoformat()}))
+    a.sent.clear()
+    result = await admitter.admit(proposal)
+    assert result.status == "admitted", result
+    assert len(a.statements()) == 2, a.statements()
+    async with world.owner.acquire() as conn:
+        charged = await conn.fetch("SELECT budget, state FROM budget_charge WHERE "
+                                   "operation_id = $1 ORDER BY budget", op)
+    assert [(c["budget"], c["state"]) for c in charged] == [
+        ("notes-per-principal-day", "reserved"), ("notes-per-tenant-hour", "reserved")]

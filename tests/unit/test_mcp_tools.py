@@ -27,7 +27,8 @@ def test_an_input_schema_is_the_actions_closed_schema_plus_target() -> None:
     schema = tools.input_schema(ALLOWLIST.get("crm.note.create"))
     assert schema["additionalProperties"] is False
     assert schema["required"] == ["customer_id", "body", "target"]
-    assert set(schema["properties"]) == {"customer_id", "body", "target"}
+    # The run handle is optional: a call without one is its own run.
+    assert set(schema["properties"]) == {"customer_id", "body", "target", "run"}
     assert schema["properties"]["target"]["maxLength"] == 128
     jsonschema.Draft202012Validator.check_schema(schema)
     valid = {"customer_id": "c-1", "body": "hello", "target": "c-1"}
@@ -73,7 +74,8 @@ def test_the_listing_holds_what_the_roles_may_propose(roles: tuple[str, ...],
     found = CATALOG.effects(session(*roles))
     assert {name: effect for name, effect in found.items() if name in ACTIONS} == expected
     names = [t.name for t in CATALOG.tools(session(*roles))]
-    assert names == [*sorted(found), tools.STATUS_TOOL]
+    # The run opener only for who may propose anything; the status tool always, last.
+    assert names == [*sorted(found), *([tools.OPEN_RUN_TOOL] if found else []), tools.STATUS_TOOL]
     if not {"user", "agent-operator"} & set(roles):
         assert names == [tools.STATUS_TOOL]
 
@@ -126,3 +128,12 @@ def test_input_schemas_by_name_are_the_listed_ones() -> None:
     for name, schema in listed.items():
         assert CATALOG.input_schema_of(name) == schema
     assert CATALOG.input_schema_of("crm.unknown.thing") is None
+
+
+def test_a_run_handle_is_split_from_the_arguments_and_checked() -> None:
+    spec = ALLOWLIST.get("crm.note.create")
+    call = tools.split(spec, {"customer_id": "c-1", "body": "b", "target": "c-1", "run": "run-1"})
+    assert (call.arguments, call.run) == ({"customer_id": "c-1", "body": "b"}, "run-1")
+    with pytest.raises(errors.InvalidArguments) as caught:
+        tools.split(spec, {"customer_id": "c-1", "body": "b", "target": "c-1", "run": "not a run"})
+    assert caught.value.details["violations"] == [{"path": "/run", "message": "not a run handle"}]

@@ -63,3 +63,35 @@ def test_empty_transactions_confirm_immediately() -> None:
     cp.commit(end_lsn=110)
     txns, rows = cp.sweepable(10)
     assert rows == [] and cp.swept(txns) == 110
+
+
+def test_counts_what_a_sweep_would_take() -> None:
+    # The streaming loop sweeps at a row count or on a timer (issue 41): it reads these
+    # counters instead of walking the queue after every acknowledgement.
+    cp = checkpoint.Checkpoint()
+    empty = cp.begin(final_lsn=50, commit_time_us=1)
+    cp.commit(end_lsn=60)
+    assert (cp.acked_records, cp.committed) == (0, 1)  # no record, still to be confirmed
+    txn = cp.begin(final_lsn=100, commit_time_us=1)
+    cp.add(txn, "command_outbox", "a")
+    cp.add(txn, "event_outbox", "b")
+    cp.delivered(txn, ok=True)
+    assert (cp.acked_records, cp.committed) == (1, 1)  # Commit not seen yet
+    cp.delivered(txn, ok=True)
+    cp.commit(end_lsn=110)
+    assert (cp.acked_records, cp.committed) == (2, 2)
+    txns, rows = cp.sweepable(100)
+    assert txns == [empty, txn] and len(rows) == 2
+    assert cp.swept(txns) == 110
+    assert (cp.acked_records, cp.committed) == (0, 0)
+
+
+def test_a_failed_record_is_not_counted_as_acknowledged() -> None:
+    cp = checkpoint.Checkpoint()
+    txn = cp.begin(final_lsn=100, commit_time_us=1)
+    cp.add(txn, "command_outbox", "a")
+    cp.add(txn, "command_outbox", "b")
+    cp.delivered(txn, ok=True)
+    cp.delivered(txn, ok=False)
+    cp.commit(end_lsn=110)
+    assert cp.acked_records == 1 and cp.sweepable(100) == ([], [])

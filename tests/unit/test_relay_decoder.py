@@ -109,6 +109,16 @@ def test_other_messages_are_skipped(payload: bytes, kind: str) -> None:
         (b"I" + struct.pack("!I", 1) + b"K", "without a new tuple"),
         (b"I" + struct.pack("!I", 1) + b"N" + struct.pack("!h", 1) + b"b", "format"),
         (b"I" + struct.pack("!I", 1) + b"N" + struct.pack("!h", 1) + b"u", "TOAST"),
+        # Cut inside the tuple: no column count, a missing value, a length past the end, a
+        # negative length.
+        (b"I" + struct.pack("!I", 1) + b"N", "truncated"),
+        (b"I" + struct.pack("!I", 1) + b"N" + struct.pack("!h", 2) + b"n", "truncated"),
+        (b"I" + struct.pack("!I", 1) + b"N" + struct.pack("!h", 1) + b"t" + struct.pack("!i", 9)
+         + b"abc", "truncated"),
+        (b"I" + struct.pack("!I", 1) + b"N" + struct.pack("!h", 1) + b"t" + struct.pack("!i", -1),
+         "truncated"),
+        (b"I" + struct.pack("!I", 1) + b"N" + struct.pack("!h", 1) + b"t\x00\x00", "truncated"),
+        (COMMIT[:-1], "truncated"),
     ],
 )
 def test_malformed_messages_raise_decode_error(payload: bytes, match: str) -> None:

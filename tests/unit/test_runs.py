@@ -244,7 +244,8 @@ def test_mcp_the_session_run_is_the_http_header_or_the_stdio_setting() -> None:
 
 
 def test_mcp_the_configured_run_is_validated() -> None:
-    base = {"AGENTLEDGER_KAFKA_BOOTSTRAP": "k:1", "session_keys": {}, "session_issuer": ISS}
+    base = {"AGENTLEDGER_KAFKA_BOOTSTRAP": "k:1", "AGENTLEDGER_DATABASE_URL": "postgresql://x/y",
+            "session_keys": {"idp-1": IDP_PUBLIC}, "session_issuer": ISS}
     assert McpSettings.model_validate({**base, "run": "agent-7"}).run == "agent-7"
     with pytest.raises(pydantic.ValidationError):
         McpSettings.model_validate({**base, "run": "not a run"})

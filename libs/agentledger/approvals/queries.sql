@@ -19,10 +19,26 @@ INSERT INTO approval_request (
   approval_id, tenant_id, operation_id, proposal_id, principal_id, action, connector,
   resource_id, expected_revision, request_hash, payload_ciphertext, payload_key_version,
   policy_version, allowlist_version, decision_id, risk, evidence, expires_at, traceparent,
-  tracestate, evidence_ciphertext, evidence_key_version
+  tracestate, evidence_ciphertext, evidence_key_version, required_approvals, approver_role,
+  quorum_rule
 ) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18,
-          $19, $20, $21, $22)
+          $19, $20, $21, $22, $23, $24, $25)
 RETURNING *;
+
+-- name: approver_roles --
+-- The roles the directory gives a principal now (a quorum's role is checked against them).
+SELECT roles FROM principal WHERE tenant_id = $1 AND principal_id = $2 AND revoked_at IS NULL;
+
+-- name: add_vote --
+-- One approver's approval of exactly this hash; the same approver again changes nothing.
+INSERT INTO approval_vote (tenant_id, approval_id, approver, request_hash, decision_id)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (tenant_id, approval_id, approver) DO NOTHING;
+
+-- name: votes --
+-- The approvals a request has gathered, in order (for the quorum, explain and the console).
+SELECT approver, request_hash, decision_id, voted_at FROM approval_vote
+WHERE tenant_id = $1 AND approval_id = $2 ORDER BY voted_at, approver;
 
 -- name: supersede --
 -- A revised proposal (or a changed target) replaces the pending request; it is never reused.

@@ -20,6 +20,7 @@ from uuid import UUID
 from opentelemetry import trace
 
 from agentledger import errors, sql
+from agentledger.approvals import quorum as quorum_mod
 from agentledger.contracts import common
 from agentledger.ledger import repository as ledger
 from agentledger.policy import decision as decision_mod
@@ -50,6 +51,11 @@ class NewApproval:
     # The full evidence (with excerpts), encrypted with the tenant's key (None: no evidence).
     evidence_ciphertext: bytes | None = None
     evidence_key_version: int | None = None
+    # The operator's budgets the command falls under (JSON, issue 42): reserved with the
+    # request, released if it is denied, expires or is superseded.
+    charges: str | None = None
+    # How many distinct approvers of which role must approve (issue 42; default one).
+    quorum: quorum_mod.Quorum = quorum_mod.ONE
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,10 @@ class Approval:
     superseded_by: UUID | None
     traceparent: str | None
     tracestate: str | None
+    # N-of-M (issue 42): distinct approvers of ``approver_role`` needed (1: any one approver).
+    required_approvals: int = 1
+    approver_role: str | None = None
+    quorum_rule: str | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> Approval:
@@ -112,10 +122,12 @@ class Requested:
     ``pending``: a request waits for a decision (new, or the same one again); ``admitted``:
     the intent already has a command with this hash (a replay); ``conflict``: it has one
     with another hash; ``replayed_envelope``: this proposal id was requested before with
-    another hash — its envelope reused for other content; nothing was written.
+    another hash — its envelope reused for other content; nothing was written;
+    ``budget_refused``: the operator's budget ``refused_by`` has no room (audited).
     """
 
-    status: Literal["pending", "admitted", "conflict", "replayed_envelope"]
+    status: Literal["pending", "admitted", "conflict", "replayed_envelope", "budget_refused"]
+    refused_by: str | None = None
     approval: Approval | None = None
     recorded: ledger.Recorded | None = None
     superseded: UUID | None = None
@@ -184,6 +196,12 @@ async def request(
             # Closed first (one pending request per intent), linked once the new one exists.
             await tx.execute(Q["supersede"], cmd.tenant_id, superseded, "system:revision",
                              "a revised proposal replaced it; it needs its own decision", None)
+        if new.charges is not None:
+            # Reserved while a person decides, so pending requests cannot overshoot together.
+            refused = await ledger.charge_budgets(tx, cmd.tenant_id, cmd.operation_id,
+                                                  new.charges)
+            if refused is not None:
+                return Requested("budget_refused", refused_by=refused.budget)
         row = await tx.fetchrow(
             Q["insert_request"], approval_id, cmd.tenant_id, cmd.operation_id, new.proposal_id,
             cmd.principal_id, cmd.action, cmd.connector, cmd.resource_id, cmd.expected_revision,
@@ -191,12 +209,15 @@ async def request(
             cmd.policy_version, cmd.allowlist_version, cmd.decision_id, new.risk,
             json.dumps(list(new.evidence), default=str), cmd.expires_at, cmd.traceparent,
             cmd.tracestate, new.evidence_ciphertext, new.evidence_key_version,
+            new.quorum.required, new.quorum.role, new.quorum.rule,
         )
         created = Approval.from_row(row)
         if superseded is not None:
             await tx.execute(Q["link_superseded"], cmd.tenant_id, superseded, approval_id)
             await _audit(tx, created, "approval.superseded", superseded=str(superseded))
-        await _audit(tx, created, "approval.requested", **{"risk": new.risk, **(audit or {})})
+        await _audit(tx, created, "approval.requested", **{
+            "risk": new.risk, "required_approvals": new.quorum.required,
+            "approver_role": new.quorum.role, **(audit or {})})
         if also is not None:
             await also(tx)
     return Requested("pending", approval=created, superseded=superseded)
@@ -304,6 +325,9 @@ async def decide(
                 await also(tx)
             late = errors.PolicyDenied(
                 approver_decision.reason if approver_decision else "no approver decision")
+        elif approve and pending.required_approvals > 1 and not await _quorum_reached(
+                tx, pending, approver, approver_decision, also):
+            return pending, None  # this approval counted; more are needed
         else:
             state: State = "approved" if approve else "denied"
             spans.annotate(outcome=state)
@@ -341,6 +365,62 @@ async def decide(
             return decided, admitted
     assert late is not None
     raise late
+
+
+async def _quorum_reached(
+    tx: ledger.Conn, pending: Approval, approver: str,
+    approver_decision: decision_mod.Decision | None, also: Also | None,
+) -> bool:
+    """Count one approver's approval of a request that needs several (issue 42, R16.2).
+
+    The approver must hold the request's role now (the directory's roles, not the token's)
+    and is never the requester; the vote binds the request's hash, and the same approver
+    again counts once. Returns whether this vote reached the quorum (the caller then closes
+    the request approved and admits its command); otherwise the vote, the approver's policy
+    decision and an ``approval.vote`` audit event are written and the request stays pending.
+
+    Raises:
+        PolicyDenied: the approver is the requester or does not hold the role (nothing is
+            written).
+    """
+    assert approver_decision is not None  # an approval without Cedar's allow never gets here
+    if approver == pending.principal_id:
+        raise errors.PolicyDenied("the requester never counts toward their own approval")
+    roles = await tx.fetchval(Q["approver_roles"], pending.tenant_id, approver)
+    held = set(json.loads(roles)) if isinstance(roles, str) else set(roles or ())
+    if pending.approver_role is not None and pending.approver_role not in held:
+        raise errors.PolicyDenied(
+            f"this request needs {pending.required_approvals} approvers of role "
+            f"{pending.approver_role!r}; {approver} does not hold it")
+    await tx.execute(Q["add_vote"], pending.tenant_id, pending.approval_id, approver,
+                     pending.request_hash, approver_decision.decision_id)
+    votes = await tx.fetch(Q["votes"], pending.tenant_id, pending.approval_id)
+    if len(votes) >= pending.required_approvals:
+        return True
+    await _record(tx, pending, approver, approver_decision)
+    if also is not None:
+        await also(tx)
+    await _audit(tx, pending, "approval.vote", approver=approver, approvals=len(votes),
+                 required=pending.required_approvals, approver_role=pending.approver_role)
+    return False
+
+
+@dataclass(frozen=True)
+class Vote:
+    """One approver's approval of a request that needs several."""
+
+    approver: str
+    request_hash: bytes
+    decision_id: UUID
+    voted_at: datetime
+
+
+async def votes(conn: ledger.Conn, tenant_id: UUID, approval_id: UUID) -> list[Vote]:
+    """The approvals a request has gathered, oldest first."""
+    async with ledger.transaction(conn, tenant_id) as tx:
+        rows = await tx.fetch(Q["votes"], tenant_id, approval_id)
+    return [Vote(r["approver"], bytes(r["request_hash"]), r["decision_id"], r["voted_at"])
+            for r in rows]
 
 
 async def expire_due(conn: ledger.Conn, *, limit: int = 500) -> list[tuple[UUID, UUID]]:

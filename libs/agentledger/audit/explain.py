@@ -73,6 +73,42 @@ class ApprovalSummary(_Row):
     decision_reason: str | None
     expires_at: str | None
     superseded_by: str | None
+    # N-of-M (issue 42): distinct approvers of ``approver_role`` needed, and who approved.
+    required_approvals: int = 1
+    approver_role: str | None = None
+    approved_by: list[str] = []
+
+
+class BudgetCharge(_Row):
+    """What the operation costs one of the operator's budgets (issue 42)."""
+
+    budget: str
+    scope: str
+    scope_key: str
+    window_kind: str
+    window_start: str | None
+    unit: str
+    currency: str | None
+    amount: int
+    limit_amount: int
+    state: str  # reserved, settled (the command succeeded) or released
+    created_at: str
+    settled_at: str | None
+
+
+class BudgetRefusal(_Row):
+    """A budget that had no room for the operation: nothing was admitted."""
+
+    budget: str
+    scope: str | None = None
+    window: str | None = None
+    window_start: str | None = None
+    unit: str | None = None
+    currency: str | None = None
+    amount: int | None = None
+    limit: int | None = None
+    spent: int | None = None  # already reserved or used in the window when it was refused
+    recorded_at: str
 
 
 class Permitted(_Row):
@@ -83,6 +119,8 @@ class Permitted(_Row):
     command_decision_id: str | None
     policy_version: str | None
     valid_until: str | None
+    budget_charges: list[BudgetCharge] = []
+    budget_refusals: list[BudgetRefusal] = []
 
 
 class Attempt(_Row):
@@ -193,13 +231,15 @@ async def explain(conn: ledger.Conn, tenant_id: UUID, operation_id: UUID) -> Exp
         command = await tx.fetchrow(Q["command"], tenant_id, operation_id)
         decisions = [_plain(r, ("reasons",))
                      for r in await tx.fetch(Q["decisions"], tenant_id, operation_id)]
-        approvals = [_plain(r, ("evidence",))
+        approvals = [_plain(r, ("evidence", "approved_by"))
                      for r in await tx.fetch(Q["approvals"], tenant_id, operation_id)]
         attempts = [_plain(r) for r in await tx.fetch(Q["attempts"], tenant_id, operation_id)]
         resolutions = [_plain(r) for r in
                        await tx.fetch(Q["resolutions"], tenant_id, operation_id)]
         events = [_plain(r, ("payload",))
                   for r in await tx.fetch(Q["events"], tenant_id, operation_id)]
+        charges = [_plain(r) for r in await tx.fetch(Q["budget_charges"], tenant_id,
+                                                     operation_id)]
     if command is None and not (decisions or approvals or events):
         raise errors.CommandNotFound(operation_id=str(operation_id))
     cmd = _plain(command) if command is not None else {}
@@ -227,6 +267,9 @@ async def explain(conn: ledger.Conn, tenant_id: UUID, operation_id: UUID) -> Exp
         command_decision_id=cmd.get("decision_id"),
         policy_version=cmd.get("policy_version"),
         valid_until=cmd.get("expires_at"),
+        budget_charges=[BudgetCharge(**c) for c in charges],
+        budget_refusals=[_refusal(e) for e in events if e["type"] == "budget.exhausted"
+                         and "budget" in (e["payload"] or {})],
     )
     known = Known(
         state=cmd.get("state", "not admitted"),
@@ -245,6 +288,15 @@ async def explain(conn: ledger.Conn, tenant_id: UUID, operation_id: UUID) -> Exp
                        known=known, timeline=timeline,
                        trace_id=next((t for e in events if (t := _trace_id(e["traceparent"]))),
                                      None))
+
+
+def _refusal(event: dict[str, Any]) -> BudgetRefusal:
+    p = event["payload"]
+    return BudgetRefusal(
+        budget=str(p["budget"]), scope=p.get("scope"), window=p.get("window"),
+        window_start=p.get("window_start"), unit=p.get("unit"), currency=p.get("currency"),
+        amount=p.get("amount"), limit=p.get("limit"), spent=p.get("spent"),
+        recorded_at=event["recorded_at"])
 
 
 def _trace_id(traceparent: str | None) -> str | None:

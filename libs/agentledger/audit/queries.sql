@@ -17,8 +17,13 @@ FROM policy_decision WHERE tenant_id = $1 AND operation_id = $2 ORDER BY decided
 -- Every approval request the intent had.
 SELECT approval_id, state, request_hash, policy_version, risk, evidence, expires_at, created_at,
        action, resource_id,
-       decided_by, decided_at, decision_reason, approval_decision_id, superseded_by, principal_id
-FROM approval_request WHERE tenant_id = $1 AND operation_id = $2 ORDER BY created_at;
+       decided_by, decided_at, decision_reason, approval_decision_id, superseded_by, principal_id,
+       required_approvals, approver_role,
+       coalesce((SELECT jsonb_agg(v.approver ORDER BY v.voted_at, v.approver)
+                 FROM approval_vote v
+                 WHERE v.tenant_id = a.tenant_id AND v.approval_id = a.approval_id),
+                '[]'::jsonb) AS approved_by
+FROM approval_request a WHERE tenant_id = $1 AND operation_id = $2 ORDER BY created_at;
 
 -- name: attempts --
 -- Every execution attempt.
@@ -35,3 +40,10 @@ FROM command_resolution WHERE tenant_id = $1 AND operation_id = $2 ORDER BY reso
 -- The audit ledger's events for the operation, in the order they were recorded.
 SELECT event_id, seq, type, payload, recorded_at, traceparent
 FROM audit_event WHERE tenant_id = $1 AND operation_id = $2 ORDER BY seq;
+
+-- name: budget_charges --
+-- What the operation was charged against the operator's budgets (issue 42), and whether the
+-- charge is still reserved, settled or released.
+SELECT budget, scope, scope_key, window_kind, window_start, unit, currency, amount,
+       limit_amount, state, created_at, settled_at
+FROM budget_charge WHERE tenant_id = $1 AND operation_id = $2 ORDER BY created_at, budget;

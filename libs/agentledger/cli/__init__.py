@@ -22,6 +22,7 @@ from agentledger.cli import (
     connector,
     context,
     eval,
+    evidence,
     explain,
     group,
     mcp,
@@ -57,6 +58,7 @@ app.command("eval")(eval.eval_command)
 app.command("mcp")(mcp.mcp)
 app.add_typer(reconcile.app, name="reconcile")
 app.command("explain")(explain.explain)
+app.add_typer(evidence.app, name="evidence")
 app.command("bench")(stack.bench)
 
 

@@ -31,6 +31,10 @@ def check_config(
     policies: Annotated[Path | None, typer.Option(
         help="Cedar policy directory (default: AGENTLEDGER_POLICY_DIR, else the packaged one)"
     )] = None,
+    budgets: Annotated[Path | None, typer.Option(
+        help="Budgets file (default: AGENTLEDGER_BUDGETS, else none)")] = None,
+    approvals: Annotated[Path | None, typer.Option(
+        help="N-of-M approval rules file (default: AGENTLEDGER_APPROVALS, else none)")] = None,
     connectors: Annotated[str | None, typer.Option(
         help="Connectors and their options as JSON (default: AGENTLEDGER_CONNECTORS, else "
              "the demo's crm and billing)")] = None,
@@ -46,7 +50,8 @@ def check_config(
                       f"{exc.errors()[0]['msg']}", highlight=False)
         raise typer.Exit(2) from exc
     report = check_mod.check(allowlist or found.allowlist, policies or found.policy_dir,
-                             plugins.configured(options, DEMO_CRM_URL))
+                             plugins.configured(options, DEMO_CRM_URL),
+                             budgets or found.budgets, approvals or found.approvals)
     if as_json:
         print(json.dumps({"ok": report.ok, **vars(report)}, indent=2, default=str))
     else:
@@ -62,6 +67,18 @@ def _render(report: check_mod.Report) -> None:
                       f"{' + lookup' if c['lookup'] else ''}"
                       f"{', fencing' if c['fencing'] else ''}; actions {', '.join(c['actions'])}",
                       highlight=False)
+    console.print(f"budgets   {report.budgets_version}", highlight=False)
+    for b in report.budgets:
+        money = (f" {b['currency']} from {b['amount_argument']}" if b["unit"] == "amount"
+                 else "")
+        console.print(f"budget [bold]{b['name']}[/bold]: {b['limit']} {b['unit']}{money} per "
+                      f"{b['scope']} per {b['window']} on "
+                      f"{', '.join(b.get('actions') or ['every action'])}", highlight=False)
+    for q in report.quorum_rules:
+        above = (f" with {q['argument']} above {q['above']}" if q.get("argument") else "")
+        console.print(f"approval rule [bold]{q['name']}[/bold]: {q['action']}{above} needs "
+                      f"{q['required']} of {len(q['members'])} approvers of role {q['role']} "
+                      f"(group {q['group']})", highlight=False)
     if report.roles:
         table = Table(title="What a principal with one role gets (arguments not applied)")
         actions = sorted(report.actions)

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from agentledger import db, settings
 from agentledger.audit import explain as audit_explain
+from agentledger.evidence import keys as evidence_keys
+from agentledger.evidence import receipt
 
 console = Console()
 
@@ -19,21 +23,35 @@ def explain(
     operation_id: uuid.UUID,
     tenant: Annotated[uuid.UUID, typer.Option(help="Tenant id")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+    jwks: Annotated[Path | None, typer.Option(
+        envvar="AGENTLEDGER_EVIDENCE_JWKS",
+        help="The notary's JWKS: also say whether the operation's evidence verifies "
+             "(docs/evidence.md)")] = None,
 ) -> None:
     """What was proposed, permitted, attempted and is known for one operation (audit ledger)."""
 
-    async def run() -> audit_explain.Explanation:
+    async def run() -> tuple[audit_explain.Explanation, str | None]:
         conn = await db.connect(settings.load().database_url, role="agentledger_auditor")
         try:
-            return await audit_explain.explain(conn, tenant, operation_id)
+            found = await audit_explain.explain(conn, tenant, operation_id)
+            checked = None
+            if jwks is not None:
+                checked = await receipt.status(conn, tenant, operation_id,
+                                               evidence_keys.load_jwks(jwks))
+            return found, checked
         finally:
             await conn.close()
 
-    found = asyncio.run(run())  # a refusal: one line, from agentledger.cli.group
+    found, checked = asyncio.run(run())  # a refusal: one line, from agentledger.cli.group
     if as_json:
         console.print_json(found.model_dump_json())
         return
     render(found, console, settings.load().traces_url)
+    if checked is not None:
+        colour = "green" if checked.startswith("verified") else (
+            "red" if checked.startswith("BROKEN") else "yellow")
+        console.print(f"[bold]evidence[/bold]  [{colour}]{escape(checked)}[/{colour}]",
+                      highlight=False, soft_wrap=True)
 
 
 def render(found: audit_explain.Explanation, console: Console,
@@ -52,6 +70,21 @@ def render(found: audit_explain.Explanation, console: Console,
     for a in found.permitted.approvals:
         console.print(f"  approval {a.approval_id}: {a.state} by {a.decided_by} "
                       f"({a.decision_reason})", highlight=False)
+        if a.required_approvals > 1:
+            console.print(f"    needs {a.required_approvals} approvers of role "
+                          f"{a.approver_role}; approved by {', '.join(a.approved_by) or 'nobody'}",
+                          highlight=False)
+    for c in found.permitted.budget_charges:
+        console.print(f"  budget {c.budget} ({c.scope} {c.scope_key}, {c.window_kind} "
+                      f"{c.window_start or ''}): {_units(c.amount, c.unit, c.currency)} of "
+                      f"{_units(c.limit_amount, c.unit, c.currency)} — {c.state}",
+                      highlight=False)
+    for b in found.permitted.budget_refusals:
+        console.print(f"  [red]refused by budget {b.budget}[/red] ({b.scope}, {b.window} "
+                      f"{b.window_start or ''}): "
+                      f"{_units(b.amount, b.unit, b.currency)} asked, "
+                      f"{_units(b.spent, b.unit, b.currency)} of "
+                      f"{_units(b.limit, b.unit, b.currency)} already spent", highlight=False)
     console.print("[bold]attempted[/bold]")
     if not found.attempted:
         console.print("  nothing was attempted")
@@ -80,3 +113,12 @@ def render(found: audit_explain.Explanation, console: Console,
         console.print(f"[bold]trace[/bold]     {link}", highlight=False)
     elif found.trace_id:
         console.print(f"[dim]trace {found.trace_id} (set AGENTLEDGER_TRACES_URL to link it)[/dim]")
+
+
+def _units(amount: int | None, unit: str | None, currency: str | None) -> str:
+    """An amount as a person reads it: money in major units with its currency."""
+    if amount is None:
+        return "?"
+    if unit == "amount" and currency:
+        return f"{amount / 100:,.2f} {currency}"
+    return f"{amount} {unit or ''}".strip()

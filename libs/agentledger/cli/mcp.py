@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from agentledger import errors
+from agentledger import errors, settings
 from agentledger.mcp import server
 from agentledger.mcp.settings import McpSettings
 
@@ -28,6 +28,8 @@ def mcp(
     Everything else comes from AGENTLEDGER_MCP_* (docs/mcp.md): ingress URL, session keys,
     topics, console URL, the wait bound.
     """
+    # Never the packaged (demo) allowlist and policies by accident (issue 38): one line.
+    settings.require_configuration("mcp", allowlist=True, policies=True)
     overrides: dict[str, str | int] = {}
     if transport is not None:
         overrides["transport"] = transport
@@ -37,7 +39,7 @@ def mcp(
         overrides["port"] = port
     try:
         # Options given win over the environment (init values beat env in pydantic-settings).
-        settings = McpSettings.model_validate(overrides)
+        configured = McpSettings.model_validate(overrides)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
                              for e in exc.errors())
@@ -45,7 +47,7 @@ def mcp(
         raise typer.Exit(2) from exc
     server.configure_logging()
     try:
-        asyncio.run(server.serve(settings))
+        asyncio.run(server.serve(configured))
     except errors.AgentLedgerError as exc:
         typer.echo(f"agentledger mcp: {exc.code}: {exc.message}", err=True)
         raise typer.Exit(2) from exc

@@ -53,6 +53,9 @@ Unit = Callable[[repository.Conn], Coroutine[Any, Any, R]]
 # the last unit's wait short (a claim is ~5 statements of well under a millisecond each).
 MAX_GROUP = 16
 LEADERS = 4
+# Runs of one unit alone when it is a deadlock victim: each loser waits for the winner's
+# commit, so a second run rarely meets the same cycle; three bound the rare third.
+ALONE_ATTEMPTS = 3
 
 
 @dataclass(slots=True)
@@ -195,13 +198,27 @@ class GroupCommit:
 
     async def _alone(self, unit: Unit[R]) -> R:
         self.stats.alone += 1
-        async with self.pool.acquire() as conn:
-            return await unit(conn)
+        for attempt in range(1, ALONE_ATTEMPTS + 1):
+            try:
+                async with self.pool.acquire() as conn:
+                    return await unit(conn)
+            except errors.StorageError as exc:
+                # A unit alone can still be the victim of a deadlock with a group of its
+                # tenant (a group locks its units' rows in their order, e.g. two budget
+                # windows); the victim's transaction rolled back whole, and a unit is safe
+                # to run again after a rollback: bounded, it runs again.
+                if attempt == ALONE_ATTEMPTS or exc.details.get("sqlstate") not in _TRANSIENT:
+                    raise
+                log.debug("event=unit_retried_alone attempt=%d error=%r", attempt, exc)
+        raise AssertionError("unreachable")
 
 
 class _Fallback(Exception):
     """A unit of the group failed (possibly caught by itself): roll back, run each alone."""
 
+
+# Deadlock victim, serialization failure: the transaction rolled back and may run again.
+_TRANSIENT = frozenset({"40P01", "40001"})
 
 # SQLSTATE classes a COMMIT answers with when it did not commit (a deferred constraint, a
 # serialization failure): the units may run again, alone.

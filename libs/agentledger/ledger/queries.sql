@@ -41,7 +41,11 @@ SELECT count(*)::int FROM obligation;
 -- conflict) or a budget with no room writes nothing here, and the caller takes the general
 -- path (a read-back, the refusal's audit). A concurrent first admission of the same key can
 -- pass `existing` and lose the insert: `spent` then says it spent, and the caller gives the
--- tool call back. Returns created_at when admitted (NULL otherwise), spent, existed.
+-- tool call back. The operator's budgets (issue 42; $22 the command's charges as JSON, NULL:
+-- none) are charged by agentledger_budget_charge_v1 (0040) after the tool call, all or none:
+-- a budget without room names itself in refused_by, writes its audit event and nothing else
+-- (the caller gives the tool call back). Returns created_at when admitted (NULL otherwise),
+-- spent, existed, refused_by.
 WITH existing AS (
   SELECT 1 FROM agent_command WHERE tenant_id = $1 AND operation_id = $2
 ), spent AS (
@@ -52,6 +56,10 @@ WITH existing AS (
   SET used = b.used + 1, updated_at = now()
   WHERE b.limit_amount - b.reserved - b.used >= 1 AND (b.deadline IS NULL OR b.deadline > now())
   RETURNING b.workflow_id
+), charged AS (
+  SELECT agentledger_budget_charge_v1($1, $2, $22::jsonb) AS refused_by
+  WHERE $22::jsonb IS NOT NULL AND NOT EXISTS (SELECT 1 FROM existing)
+    AND ($17::text IS NULL OR EXISTS (SELECT 1 FROM spent))
 ), admitted AS (
   INSERT INTO agent_command (
     tenant_id, operation_id, request_hash, state, principal_id, action, connector,
@@ -61,6 +69,7 @@ WITH existing AS (
   SELECT $1, $2, $3, 'pending', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14
   WHERE NOT EXISTS (SELECT 1 FROM existing)
     AND ($17::text IS NULL OR EXISTS (SELECT 1 FROM spent))
+    AND NOT EXISTS (SELECT 1 FROM charged WHERE refused_by IS NOT NULL)
   ON CONFLICT (tenant_id, operation_id) DO NOTHING
   RETURNING tenant_id, operation_id, connector, created_at
 ), spend_recorded AS (
@@ -91,7 +100,12 @@ WITH existing AS (
   ON CONFLICT (decision_id) DO NOTHING
 )
 SELECT (SELECT created_at FROM admitted) AS created_at, EXISTS (SELECT 1 FROM spent) AS spent,
-       EXISTS (SELECT 1 FROM existing) AS existed;
+       EXISTS (SELECT 1 FROM existing) AS existed, (SELECT refused_by FROM charged) AS refused_by;
+
+-- name: charge_budgets --
+-- The general path's charge of the operator's budgets (the fast path folds it into
+-- admit_allowed): NULL when charged (or charged before), else the budget without room.
+SELECT agentledger_budget_charge_v1($1, $2, $3::jsonb);
 
 -- name: give_back_tool_call --
 -- The rare path of `admit_allowed`: its spend raced a first admission of the same key and

@@ -373,7 +373,8 @@ async def admit_in(
 async def admit_allowed(
     tx: Conn, cmd: NewCommand, *, workflow_id: str | None, tool_call_limit: int | None,
     audit: Mapping[str, Any], decision_reasons: str, decision_reason: str,
-) -> AdmitResult | None:
+    charges: str | None = None,
+) -> AdmitResult | BudgetRefused | None:
     """Admission's allowed path in ONE statement, inside the caller's tenant-bound
     transaction (issue 41): spend one tool call of ``workflow_id``'s budget (opened with
     ``tool_call_limit`` by its first use; None: unbudgeted), admit, write the dispatch
@@ -384,6 +385,11 @@ async def admit_allowed(
     recorded (a replay or a conflict), or the budget has no room: the caller then takes the
     general path (:func:`admit_in` and the budget's own refusal), which answers those cases.
     A spend that raced a first admission of the same key is given back first.
+
+    ``charges`` (JSON, :func:`agentledger.budgets.rules.charges_json`) are the operator's
+    budgets this command falls under, reserved in the same statement, all or none: a budget
+    without room answers :class:`BudgetRefused` naming it (its ``budget.exhausted`` audit
+    event is written; the tool call is given back).
     """
     payload = {"operation_id": str(cmd.operation_id), "principal_id": cmd.principal_id,
                "action": cmd.action, "connector": cmd.connector,
@@ -399,7 +405,7 @@ async def admit_allowed(
         cmd.policy_version, cmd.allowlist_version, cmd.expires_at, cmd.payload_ciphertext,
         cmd.payload_key_version, cmd.traceparent, cmd.tracestate,
         workflow_id if budgeted else None, tool_call_limit if budgeted else None,
-        event_json(payload), decision_reasons, decision_reason)
+        event_json(payload), decision_reasons, decision_reason, charges)
     assert row is not None
     if row["created_at"] is not None:
         return AdmitResult("admitted", Recorded(
@@ -409,7 +415,24 @@ async def admit_allowed(
             payload_purged=False))
     if row["spent"]:
         await tx.execute(Q["give_back_tool_call"], cmd.tenant_id, workflow_id)
+    if row["refused_by"] is not None:
+        return BudgetRefused(row["refused_by"])
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetRefused:
+    """An operator's budget had no room for the command (issue 42); nothing was admitted."""
+
+    budget: str
+
+
+async def charge_budgets(tx: Conn, tenant_id: UUID, operation_id: UUID,
+                         charges: str) -> BudgetRefused | None:
+    """Reserve the command's budget charges in the caller's transaction (the general path),
+    all or none; None when charged now or before (a resubmission is counted once)."""
+    refused = await tx.fetchval(Q["charge_budgets"], tenant_id, operation_id, charges)
+    return BudgetRefused(refused) if refused is not None else None
 
 
 def _admission_audit(

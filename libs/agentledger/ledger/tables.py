@@ -20,7 +20,7 @@ from sqlalchemy import (
     Text,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 metadata = MetaData()
 
@@ -277,6 +277,40 @@ audit_event = Table(
     Column("payload", JSONB, nullable=False),
     Column("traceparent", Text),
     _ts("recorded_at", nullable=False, default_now=True),
+    Column("leaf_hash", LargeBinary, nullable=False),  # RFC 6962 leaf hash (migration 0050)
+)
+
+
+# --- the tamper-evident log (migration 0050, issue 43) ------------------------------------
+
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("tenant_id", UUID(as_uuid=True), primary_key=True),
+    Column("idx", BigInteger, primary_key=True),
+    Column("seq", BigInteger, nullable=False),
+    Column("leaf_hash", LargeBinary, nullable=False),
+)
+
+audit_checkpoint = Table(
+    "audit_checkpoint",
+    metadata,
+    Column("tenant_id", UUID(as_uuid=True), primary_key=True),
+    Column("tree_size", BigInteger, primary_key=True),
+    Column("root_hash", LargeBinary, nullable=False),
+    Column("last_seq", BigInteger, nullable=False),
+    Column("key_id", Text, nullable=False),
+    _ts("signed_at", nullable=False),
+    Column("body", Text, nullable=False),
+    Column("signature", LargeBinary, nullable=False),
+    Column("frontier", ARRAY(LargeBinary), nullable=False),
+)
+
+audit_notary_cursor = Table(
+    "audit_notary_cursor",
+    metadata,
+    Column("singleton", Boolean, primary_key=True),
+    Column("last_seq", BigInteger, nullable=False),
 )
 
 
@@ -298,3 +332,60 @@ budget_default = Table(
 # Appended to agent_command where the migration adds it, so each block matches one migration.
 agent_command.append_column(
     Column("shadow", Boolean, nullable=False, server_default=text("false")))
+
+
+# --- the operator's budgets over principals, tenants and time (migration 0040) ------------
+
+budget_window = Table(
+    "budget_window",
+    metadata,
+    Column("tenant_id", UUID(as_uuid=True), primary_key=True),
+    Column("budget", Text, primary_key=True),
+    Column("scope_key", Text, primary_key=True),
+    Column("window_start", DateTime(timezone=True), primary_key=True),
+    Column("limit_amount", BigInteger, nullable=False),
+    Column("reserved", BigInteger, nullable=False, server_default=text("0")),
+    Column("used", BigInteger, nullable=False, server_default=text("0")),
+    _ts("updated_at", nullable=False, default_now=True),
+)
+
+budget_charge = Table(
+    "budget_charge",
+    metadata,
+    Column("charge_id", UUID(as_uuid=True), primary_key=True,
+           server_default=text("gen_random_uuid()")),
+    Column("tenant_id", UUID(as_uuid=True), nullable=False),
+    Column("operation_id", UUID(as_uuid=True), nullable=False),
+    Column("budget", Text, nullable=False),
+    Column("scope", Text, nullable=False),
+    Column("scope_key", Text, nullable=False),
+    Column("window_kind", Text, nullable=False),
+    _ts("window_start"),
+    Column("unit", Text, nullable=False),
+    Column("currency", Text),
+    Column("amount", BigInteger, nullable=False),
+    Column("limit_amount", BigInteger, nullable=False),
+    Column("state", Text, nullable=False, server_default=text("'reserved'")),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("settled_at"),
+)
+
+
+# --- N-of-M approvals (migration 0041) ----------------------------------------------------
+
+approval_request.append_column(
+    Column("required_approvals", Integer, nullable=False, server_default=text("1")))
+approval_request.append_column(Column("approver_role", Text))
+approval_request.append_column(Column("quorum_rule", Text))
+
+approval_vote = Table(
+    "approval_vote",
+    metadata,
+    Column("tenant_id", UUID(as_uuid=True), primary_key=True),
+    Column("approval_id", UUID(as_uuid=True), ForeignKey("approval_request.approval_id"),
+           primary_key=True),
+    Column("approver", Text, primary_key=True),
+    Column("request_hash", LargeBinary, nullable=False),
+    Column("decision_id", UUID(as_uuid=True), nullable=False),
+    _ts("voted_at", nullable=False, default_now=True),
+)

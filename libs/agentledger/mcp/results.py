@@ -28,6 +28,7 @@ Pure: builds values from what the gateway client found.
 from __future__ import annotations
 
 import json
+import typing
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,13 +38,37 @@ import mcp_types as types
 
 from agentledger import client, errors
 from agentledger.contracts import outcomes
-from agentledger.mcp import tools
+from agentledger.mcp import directory, tools
 
 Status = Literal[
     "succeeded", "pending_approval", "in_progress", "unknown", "rejected", "conflict",
     "refused", "unavailable", "not_found", "denied", "expired", "review_required", "failed",
+    "run_opened",
 ]
-NOT_ERRORS: Final = frozenset({"succeeded", "pending_approval", "in_progress"})
+NOT_ERRORS: Final = frozenset({"succeeded", "pending_approval", "in_progress", "run_opened"})
+STATUSES: Final[tuple[str, ...]] = typing.get_args(Status)
+
+# Every tool's `outputSchema`: the answer's `structuredContent`, one object whatever the
+# status (a union on `status`; the fields a status carries are in the table above).
+OUTPUT_SCHEMA: Final[dict[str, Any]] = {
+    "type": "object",
+    "required": ["status"],
+    "additionalProperties": False,
+    "properties": {
+        "status": {"type": "string", "enum": list(STATUSES)},
+        "operation_id": {"type": "string", "format": "uuid"},
+        "idempotency_key": {"type": "string", "maxLength": 255},
+        "receipt": {"type": "string"},
+        "approval_id": {"type": "string", "format": "uuid"},
+        "approval_url": {"type": "string", "format": "uri"},
+        "code": {"type": "string"},
+        "reason": {"type": "string"},
+        "run": {"type": "string", "maxLength": 128},
+        "violations": {"type": "array", "items": {
+            "type": "object", "properties": {"path": {"type": "string"},
+                                             "message": {"type": "string"}}}},
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -59,6 +84,7 @@ class Answer:
     code: str | None = None
     reason: str | None = None
     violations: Sequence[Mapping[str, str]] = field(default_factory=tuple)
+    run: str | None = None
 
     @property
     def is_error(self) -> bool:
@@ -68,7 +94,7 @@ class Answer:
         """The ``structuredContent`` object: every known field, ids as strings."""
         found: dict[str, Any] = {"status": self.status}
         for name in ("operation_id", "idempotency_key", "receipt", "approval_id",
-                     "approval_url", "code", "reason"):
+                     "approval_url", "code", "reason", "run"):
             value = getattr(self, name)
             if value is not None:
                 found[name] = str(value)
@@ -80,6 +106,9 @@ class Answer:
         """One paragraph a model reads: the status, what it means, what to do next."""
         op = f"operation {self.operation_id}"
         ask = f"Ask {tools.STATUS_TOOL} with operation_id {self.operation_id} for news."
+        if self.status == "run_opened":
+            return (f"run_opened: pass run={self.run} as the `run` argument of each call that "
+                    "is a step of this run; its steps share one budget.")
         if self.status == "succeeded":
             return f"succeeded: {op} took effect; receipt {self.receipt}."
         if self.status == "pending_approval":
@@ -165,3 +194,23 @@ def from_error(error: errors.AgentLedgerError, operation_id: uuid.UUID | None,
     # Refused before admission: no operation was started, whatever its id would have been.
     return Answer("refused", None, key, code=code if isinstance(code, str) and code
                   else error.code, reason=error.message, violations=tuple(violations))
+
+
+def from_known(known: directory.Known, operation_id: uuid.UUID, console_url: str) -> Answer:
+    """The answer for what the ledger records of an operation (the status tool)."""
+    if known.state is None:
+        if known.approval_state == "pending":
+            return pending(operation_id, None, known.approval_id, console_url)
+        if known.approval_state == "denied":
+            return Answer("denied", operation_id, code="denied", reason=known.reason)
+        if known.approval_state == "expired":
+            return Answer("expired", operation_id, code="expired", reason=known.reason)
+        return Answer("in_progress", operation_id)
+    if known.state == "succeeded":
+        return Answer("succeeded", operation_id, receipt=known.receipt)
+    if known.state == "unknown":
+        return Answer("unknown", operation_id)
+    for ended in ("denied", "expired", "review_required", "failed"):
+        if known.state == ended:
+            return Answer(ended, operation_id, code=ended, reason=known.reason)
+    return Answer("in_progress", operation_id)

@@ -27,8 +27,11 @@ from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import cedar
 
 STATUS_TOOL: Final = "agentledger_status"
+# Opens a run and answers its handle; a call passes the handle as its `run` argument.
+OPEN_RUN_TOOL: Final = "agentledger_open_run"
 TARGET: Final = "target"
 REVISION: Final = "expected_revision"
+RUN: Final = "run"
 # The resource a listing asks the policy about: any in-tenant record. Policies that tell
 # records apart still decide per call at admission, with the real target.
 LISTING_RESOURCE: Final = "mcp-tools-list"
@@ -51,6 +54,12 @@ TARGET_SCHEMA: Final = _string_schema(
 REVISION_SCHEMA: Final = _string_schema(
     _REVISION, "The record's revision you read: the change happens only if the record is "
                "still at it.")
+RUN_SCHEMA: Final[dict[str, Any]] = {
+    "type": "string", "minLength": 1, "maxLength": 128, "pattern": identity.RUN_NAME_PATTERN,
+    "description": f"The run this call is a step of: a handle {OPEN_RUN_TOOL} answered. The "
+                   "steps of a run share its budget; without one, the call is its own run."}
+OPEN_RUN_SCHEMA: Final[dict[str, Any]] = {
+    "type": "object", "additionalProperties": False, "properties": {}}
 
 
 def input_schema(spec: allowlist_mod.ActionSpec) -> dict[str, Any]:
@@ -62,12 +71,13 @@ def input_schema(spec: allowlist_mod.ActionSpec) -> dict[str, Any]:
     """
     schema = copy.deepcopy(dict(spec.schema))
     properties: dict[str, Any] = dict(schema.get("properties", {}))
-    taken = {TARGET, REVISION} & set(properties)
+    taken = {TARGET, REVISION, RUN} & set(properties)
     if taken:
         raise errors.ConfigurationError(
             f"action {spec.name}: argument names {sorted(taken)} are reserved by the MCP "
             "tool input")
     properties[TARGET] = copy.deepcopy(TARGET_SCHEMA)
+    properties[RUN] = copy.deepcopy(RUN_SCHEMA)
     required = [*schema.get("required", []), TARGET]
     if spec.requires_revision:
         properties[REVISION] = copy.deepcopy(REVISION_SCHEMA)
@@ -94,6 +104,7 @@ class ToolCall:
     arguments: dict[str, Any]
     target: str
     expected_revision: str | None
+    run: str | None = None
 
 
 def split(spec: allowlist_mod.ActionSpec, tool_input: Mapping[str, Any]) -> ToolCall:
@@ -103,7 +114,7 @@ def split(spec: allowlist_mod.ActionSpec, tool_input: Mapping[str, Any]) -> Tool
     Raises:
         errors.InvalidArguments: With ``details["violations"]`` (paths, never values).
     """
-    arguments = {k: v for k, v in tool_input.items() if k not in (TARGET, REVISION)}
+    arguments = {k: v for k, v in tool_input.items() if k not in (TARGET, REVISION, RUN)}
     violations: list[dict[str, str]] = []
     target = tool_input.get(TARGET)
     try:
@@ -126,12 +137,16 @@ def split(spec: allowlist_mod.ActionSpec, tool_input: Mapping[str, Any]) -> Tool
     except errors.InvalidArguments as exc:
         found = exc.details.get("violations")
         violations += list(found) if isinstance(found, list) else []
+    run = tool_input.get(RUN)
+    if run is not None and not (isinstance(run, str) and identity.is_run_name(run)):
+        violations.append({"path": f"/{RUN}", "message": "not a run handle"})
     if violations:
         raise errors.InvalidArguments(
             f"the input of {spec.name} violates its schema", action=spec.name,
             violations=violations[:allowlist_mod.MAX_VIOLATIONS])
     assert isinstance(target, str)
-    return ToolCall(arguments, target, revision if isinstance(revision, str) else None)
+    return ToolCall(arguments, target, revision if isinstance(revision, str) else None,
+                    run if isinstance(run, str) else None)
 
 
 def status_operation(tool_input: Mapping[str, Any]) -> common.Uuid:
@@ -155,13 +170,16 @@ def status_operation(tool_input: Mapping[str, Any]) -> common.Uuid:
 class Catalog:
     """The allowlist as MCP tools, filtered per caller by the Cedar policy."""
 
-    def __init__(self, allowlist: allowlist_mod.Allowlist, policy: cedar.CedarPolicy) -> None:
-        """Build every action's input schema once.
+    def __init__(self, allowlist: allowlist_mod.Allowlist, policy: cedar.CedarPolicy,
+                 output_schema: Mapping[str, Any] | None = None) -> None:
+        """Build every action's input schema once; ``output_schema`` is every tool's
+        (``results.OUTPUT_SCHEMA``: what ``structuredContent`` holds).
 
         Raises:
             errors.ConfigurationError: An action's arguments use a reserved name.
         """
         self.allowlist, self.policy = allowlist, policy
+        self.output_schema = dict(output_schema) if output_schema is not None else None
         self.schemas: Mapping[str, dict[str, Any]] = {
             name: input_schema(spec) for name, spec in sorted(allowlist.actions.items())}
 
@@ -182,19 +200,33 @@ class Catalog:
         """A tool's input schema by name, whoever asks (the SDK's header validation)."""
         if name == STATUS_TOOL:
             return copy.deepcopy(STATUS_SCHEMA)
+        if name == OPEN_RUN_TOOL:
+            return copy.deepcopy(OPEN_RUN_SCHEMA)
         schema = self.schemas.get(name)
         return copy.deepcopy(schema) if schema is not None else None
 
     def tools(self, session: identity.Session) -> list[types.Tool]:
-        """What ``tools/list`` answers this session: its proposable actions, then status."""
+        """What ``tools/list`` answers this session: its proposable actions, the run
+        opener (for those who may propose anything), then status."""
         listed = [self._tool(self.allowlist.actions[name], effect)
                   for name, effect in self.effects(session).items()]
+        if listed:
+            listed.append(types.Tool(
+                name=OPEN_RUN_TOOL,
+                description=("Open a run: answers a handle to pass as the `run` argument of "
+                             "each call that is a step of it. A run's steps share one budget; "
+                             "open one per task. Nothing is proposed."),
+                input_schema=copy.deepcopy(OPEN_RUN_SCHEMA),
+                output_schema=copy.deepcopy(self.output_schema),
+                annotations=types.ToolAnnotations(title="agentledger: open a run",
+                                                  read_only_hint=True, open_world_hint=False)))
         return [*listed, types.Tool(
             name=STATUS_TOOL,
             description=("What is known now about an operation an agentledger tool call "
                          "started: succeeded with its receipt, pending approval, in "
                          "progress, refused, or unknown. Waits a bounded time for news."),
             input_schema=copy.deepcopy(STATUS_SCHEMA),
+            output_schema=copy.deepcopy(self.output_schema),
             annotations=types.ToolAnnotations(title="agentledger: operation status",
                                               read_only_hint=True, open_world_hint=False))]
 
@@ -207,6 +239,7 @@ class Catalog:
             description=(f"{spec.description} Proposed through agentledger (risk "
                          f"{spec.risk}); a retried call is the same operation.{approval}"),
             input_schema=copy.deepcopy(self.schemas[spec.name]),
+            output_schema=copy.deepcopy(self.output_schema),
             annotations=types.ToolAnnotations(
                 title=spec.name, read_only_hint=False, destructive_hint=spec.risk != "low",
                 # The same call (or the same idempotency key) is the same operation.

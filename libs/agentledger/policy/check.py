@@ -21,9 +21,12 @@ from typing import Any
 import cedarpy
 
 from agentledger import errors
+from agentledger.approvals import quorum as quorum_mod
+from agentledger.budgets import rules as budget_rules
 from agentledger.connectors import plugins
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import cedar
+from agentledger.policy import repository as policy_repo
 
 # The tenant of the synthetic principals the role table is computed for.
 _TENANT = uuid.UUID(int=0)
@@ -38,6 +41,10 @@ class Report:
     actions: dict[str, str] = field(default_factory=dict)  # action → connector
     connectors: dict[str, dict[str, Any]] = field(default_factory=dict)  # name → contract
     roles: dict[str, dict[str, str]] = field(default_factory=dict)  # role → action → effect
+    budgets_version: str | None = None
+    budgets: list[dict[str, Any]] = field(default_factory=list)
+    approvals_version: str | None = None
+    quorum_rules: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -46,8 +53,10 @@ class Report:
 
 
 def check(allowlist_path: Path | None, policy_dir: Path | None,
-          connector_options: Mapping[str, Mapping[str, Any]]) -> Report:
-    """Check the three together; every problem is reported, not only the first."""
+          connector_options: Mapping[str, Mapping[str, Any]],
+          budgets_path: Path | None = None, approvals_path: Path | None = None) -> Report:
+    """Check the three together (and the operator's budgets against the allowlist); every
+    problem is reported, not only the first."""
     report = Report()
     rules: allowlist_mod.Allowlist | None = None
     policy: cedar.CedarPolicy | None = None
@@ -90,7 +99,61 @@ def check(allowlist_path: Path | None, policy_dir: Path | None,
                                        f"{sorted(declared[spec.connector])})")
         if policy is not None:
             report.roles = role_table(policy, rules, policy_dir)
+    try:
+        found = budget_rules.Budgets.load(budgets_path)
+        report.budgets_version = found.version
+        report.budgets = found.describe()
+        if rules is not None:
+            report.problems.extend(found.problems(rules))
+    except errors.ValidationFailed as exc:
+        report.problems.append(exc.message)
+    try:
+        approval_rules = quorum_mod.ApprovalRules.load(approvals_path)
+        report.approvals_version = approval_rules.version
+        report.quorum_rules = [r.model_dump(exclude_none=True) | {
+            "role": approval_rules.groups[r.group].role if r.group in approval_rules.groups
+            else None, "members": list(approval_rules.members(r.name))}
+            for r in approval_rules.rules]
+        if rules is not None:
+            report.problems.extend(approval_rules.problems(rules, policy_repo.APPROVING_ROLES))
+    except errors.ValidationFailed as exc:
+        report.problems.append(exc.message)
     return report
+
+
+def load_approvals(approvals_path: Path | None,
+                   rules: allowlist_mod.Allowlist) -> quorum_mod.ApprovalRules:
+    """The operator's N-of-M approval rules for a service about to start on ``rules``.
+
+    Raises:
+        ConfigurationError: naming every problem (as ``check-config`` does).
+    """
+    try:
+        found = quorum_mod.ApprovalRules.load(approvals_path)
+    except errors.ValidationFailed as exc:
+        raise errors.ConfigurationError(exc.message) from exc
+    problems = found.problems(rules, policy_repo.APPROVING_ROLES)
+    if problems:
+        raise errors.ConfigurationError("; ".join(problems))
+    return found
+
+
+def load_budgets(budgets_path: Path | None,
+                 rules: allowlist_mod.Allowlist) -> budget_rules.Budgets:
+    """The operator's budgets for a service about to start on ``rules``.
+
+    Raises:
+        ConfigurationError: the file does not load or does not fit the allowlist, naming
+        every problem (the service refuses to start; ``check-config`` says the same).
+    """
+    try:
+        found = budget_rules.Budgets.load(budgets_path)
+    except errors.ValidationFailed as exc:
+        raise errors.ConfigurationError(exc.message) from exc
+    problems = found.problems(rules)
+    if problems:
+        raise errors.ConfigurationError("; ".join(problems))
+    return found
 
 
 def role_table(policy: cedar.CedarPolicy, rules: allowlist_mod.Allowlist,

@@ -26,6 +26,8 @@ class Transaction:
     failed: bool = False
     xid: int | None = None  # the transaction id pgoutput announced
     rows: list[tuple[str, str]] = field(default_factory=list)  # (table, event id) to sweep
+    # Headers every record of it carries (its xid and commit LSN), built once.
+    headers: tuple[tuple[str, bytes], ...] = ()
 
     @property
     def acknowledged(self) -> bool:
@@ -40,6 +42,11 @@ class Checkpoint:
         self._queue: deque[Transaction] = deque()
         self.confirmed_lsn = 0
         self.in_flight_records = 0
+        # Records acknowledged whose transaction is not swept yet (what a sweep would take),
+        # and transactions whose Commit arrived and that are not swept yet (an empty one
+        # has no record, and still moves the confirmed LSN).
+        self.acked_records = 0
+        self.committed = 0
 
     def begin(self, final_lsn: int, commit_time_us: int, xid: int | None = None) -> Transaction:
         """Start tracking the transaction announced by a Begin message."""
@@ -62,13 +69,16 @@ class Checkpoint:
             raise RuntimeError("Commit without Begin")
         txn.end_lsn = end_lsn
         self._open = None
+        self.committed += 1
         return txn
 
     def delivered(self, txn: Transaction, ok: bool) -> None:
         """A delivery report for one record of ``txn``."""
         txn.pending -= 1
         self.in_flight_records -= 1
-        if not ok:
+        if ok:
+            self.acked_records += 1
+        else:
             txn.failed = True
 
     def event_ids(self) -> set[str]:
@@ -106,4 +116,6 @@ class Checkpoint:
             if head is not txn or txn.end_lsn is None:
                 raise RuntimeError("swept transactions out of commit order")
             self.confirmed_lsn = max(self.confirmed_lsn, txn.end_lsn)
+            self.acked_records -= len(txn.rows)
+            self.committed -= 1
         return self.confirmed_lsn

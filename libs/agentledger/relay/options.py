@@ -25,7 +25,10 @@ class RelayOptions:
         replication_factor: replicas per created topic.
         max_in_flight: records produced and unacknowledged before reading pauses.
         read_batch: replication messages read before acknowledgements are handled.
-        sweep_batch: outbox rows deleted per sweep statement.
+        sweep_batch: outbox rows deleted per sweep statement; this many acknowledged rows
+            are swept at once.
+        sweep_interval: longest wait, in seconds, between a record's acknowledgement and the
+            sweep of its row (fewer acknowledged rows than ``sweep_batch`` wait for it).
         linger_ms: producer batching delay.
         delivery_timeout_ms: how long the producer retries a record before failing it.
         stall_timeout: seconds with records in flight and no delivery report at all before
@@ -59,6 +62,7 @@ class RelayOptions:
     max_in_flight: int = 10_000
     read_batch: int = 500
     sweep_batch: int = 500
+    sweep_interval: float = 0.1
     linger_ms: int = 2
     delivery_timeout_ms: int = 120_000
     stall_timeout: float = 30.0

@@ -116,12 +116,6 @@ class _Reader:
     def uint32(self) -> int:
         return int(struct.unpack("!I", self._take(4))[0])
 
-    def int64(self) -> int:
-        return int(struct.unpack("!q", self._take(8))[0])
-
-    def uint64(self) -> int:
-        return int(struct.unpack("!Q", self._take(8))[0])
-
     def string(self) -> str:
         end = self._buf.find(b"\x00", self._pos)
         if end < 0:
@@ -130,25 +124,60 @@ class _Reader:
         self._pos = end + 1
         return text
 
-    def raw(self, size: int) -> bytes:
-        return self._take(size)
+
+# Fixed layouts of the messages every transaction sends, unpacked in one call each (the
+# relay decodes Begin, Insert and Commit per row or per transaction: its hot loop).
+_BEGIN = struct.Struct("!QqI")
+_COMMIT = struct.Struct("!bQQq")
+_INSERT_HEAD = struct.Struct("!Ic")  # relation oid, 'N' (a new tuple follows)
+_COUNT = struct.Struct("!h")
+_LENGTH = struct.Struct("!i")
+_B, _C, _I = ord("B"), ord("C"), ord("I")
+_NULL, _TEXT, _UNCHANGED = ord("n"), ord("t"), ord("u")
 
 
-def _tuple(reader: _Reader) -> tuple[str | None, ...]:
+def _truncated(need: int, have: int) -> errors.DecodeError:
+    return errors.DecodeError("pgoutput message truncated", need=need, have=have)
+
+
+def _insert(payload: bytes) -> Insert:
+    size = len(payload)
+    if size < 1 + _INSERT_HEAD.size:
+        raise _truncated(1 + _INSERT_HEAD.size, size)
+    oid, marker = _INSERT_HEAD.unpack_from(payload, 1)
+    if marker != b"N":
+        raise errors.DecodeError("insert without a new tuple", marker=marker.decode("latin-1"))
+    pos = 1 + _INSERT_HEAD.size
+    if pos + 2 > size:
+        raise _truncated(pos + 2, size)
+    count = _COUNT.unpack_from(payload, pos)[0]
+    pos += 2
     values: list[str | None] = []
-    for _ in range(reader.int16()):
-        kind = reader.byte()
-        if kind == "n":
-            values.append(None)
-        elif kind == "t":
-            values.append(reader.raw(reader.int32()).decode("utf-8"))
-        elif kind == "u":
+    append = values.append
+    for _ in range(count):
+        if pos >= size:
+            raise _truncated(pos + 1, size)
+        kind = payload[pos]
+        pos += 1
+        if kind == _TEXT:
+            if pos + 4 > size:
+                raise _truncated(pos + 4, size)
+            length = _LENGTH.unpack_from(payload, pos)[0]
+            pos += 4
+            end = pos + length
+            if length < 0 or end > size:
+                raise _truncated(end, size)
+            append(payload[pos:end].decode("utf-8"))
+            pos = end
+        elif kind == _NULL:
+            append(None)
+        elif kind == _UNCHANGED:
             # An unchanged TOASTed value exists only in updates, which the relay skips.
             raise errors.DecodeError("unchanged TOAST value in an insert")
         else:
             # 'b' (binary) is sent only when the `binary` option is requested; we never do.
-            raise errors.DecodeError("unsupported tuple value format", format=kind)
-    return tuple(values)
+            raise errors.DecodeError("unsupported tuple value format", format=chr(kind))
+    return Insert(relation_oid=oid, values=tuple(values))
 
 
 def decode(payload: bytes) -> Message:
@@ -160,16 +189,20 @@ def decode(payload: bytes) -> Message:
     if not payload:
         raise errors.DecodeError("empty pgoutput message")
     tag = payload[0]
+    if tag == _I:
+        return _insert(payload)
+    if tag == _B:
+        if len(payload) < 1 + _BEGIN.size:
+            raise _truncated(1 + _BEGIN.size, len(payload))
+        final_lsn, commit_time_us, xid = _BEGIN.unpack_from(payload, 1)
+        return Begin(final_lsn=final_lsn, commit_time_us=commit_time_us, xid=xid)
+    if tag == _C:
+        if len(payload) < 1 + _COMMIT.size:
+            raise _truncated(1 + _COMMIT.size, len(payload))
+        flags, commit_lsn, end_lsn, commit_time_us = _COMMIT.unpack_from(payload, 1)
+        return Commit(flags=flags, commit_lsn=commit_lsn, end_lsn=end_lsn,
+                      commit_time_us=commit_time_us)
     reader = _Reader(payload)
-    if tag == ord("B"):
-        return Begin(final_lsn=reader.uint64(), commit_time_us=reader.int64(), xid=reader.uint32())
-    if tag == ord("C"):
-        return Commit(
-            flags=reader.int8(),
-            commit_lsn=reader.uint64(),
-            end_lsn=reader.uint64(),
-            commit_time_us=reader.int64(),
-        )
     if tag == ord("R"):
         oid = reader.uint32()
         namespace = reader.string()
@@ -183,12 +216,6 @@ def decode(payload: bytes) -> Message:
             reader.int32()  # atttypmod: irrelevant to text values
             columns.append(Column(name=col_name, type_oid=type_oid, is_key=bool(flags & 1)))
         return Relation(oid, namespace or "pg_catalog", name, identity, tuple(columns))
-    if tag == ord("I"):
-        oid = reader.uint32()
-        marker = reader.byte()
-        if marker != "N":
-            raise errors.DecodeError("insert without a new tuple", marker=marker)
-        return Insert(relation_oid=oid, values=_tuple(reader))
     if tag in _SKIPPED:
         return Skipped(chr(tag))
     raise errors.DecodeError("unknown pgoutput message", tag=chr(tag))

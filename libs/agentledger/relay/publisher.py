@@ -2,8 +2,10 @@
 
 Delivery reports are served by a background thread so that the acknowledgement time (the
 end of the lag measurement) does not depend on how often the streaming loop looks. The
-thread only records the metric and queues the report; the streaming loop applies reports
-to its checkpoint, so the bookkeeping stays single-threaded. A pipe wakes the loop.
+thread only records the metric and collects the reports; the streaming loop applies them
+to its checkpoint, so the bookkeeping stays single-threaded. Reports travel in batches: all
+those one ``poll`` served go on the queue as one list, with one byte on the pipe that wakes
+the loop (not a queue item and a write per record).
 
 A success report is not taken on faith. An idempotent producer whose sequence numbers
 were reset (librdkafka issue #3672: a partition forgotten and found again around a broker
@@ -95,7 +97,11 @@ class Publisher:
             "error_cb": self._on_error,
         }
         self._metrics = relay_metrics
-        self.reports: queue.SimpleQueue[Report] = queue.SimpleQueue()
+        self.reports: queue.SimpleQueue[list[Report]] = queue.SimpleQueue()
+        # Reports served and not handed over yet; callbacks run in the poller thread, or in
+        # whichever thread flushes, so both sides take the lock.
+        self._served: list[Report] = []
+        self._served_lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -144,6 +150,7 @@ class Publisher:
         self._fatal = False
         self._reset_reason = None
         old.flush(0)  # serves the purged records' reports; the old producer is then dropped
+        self._hand_over()
 
     def publish(
         self, record: routing.Record, commit_time_us: int | None, token: object
@@ -182,7 +189,21 @@ class Publisher:
 
     def flush(self, timeout: float) -> int:
         """Wait up to ``timeout`` seconds for outstanding records; returns those left."""
-        return int(self._producer.flush(timeout))
+        left = int(self._producer.flush(timeout))
+        self._hand_over()
+        return left
+
+    def _hand_over(self) -> None:
+        """Queue the reports served so far as one batch, and wake the loop once."""
+        with self._served_lock:
+            if not self._served:
+                return
+            served, self._served = self._served, []
+        self.reports.put(served)
+        try:
+            os.write(self._wake_w, b"!")
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups already
 
     def close(self, timeout: float) -> None:
         """Flush what can be flushed and stop the report thread."""
@@ -213,11 +234,8 @@ class Publisher:
                 span.set_attribute(spans.ERROR_TYPE, name)
                 span.set_status(Status(StatusCode.ERROR, name))
             span.end()
-            self.reports.put(Report(token, ok, reason))
-            try:
-                os.write(self._wake_w, b"!")
-            except BlockingIOError:
-                pass  # the pipe is full of wake-ups already
+            with self._served_lock:
+                self._served.append(Report(token, ok, reason))
 
         return report
 
@@ -237,9 +255,10 @@ class Publisher:
 
     def _poll(self) -> None:
         while not self._closed.is_set():
-            # Short timeout: the loop returns as soon as a report is served, and checks
+            # Short timeout: the loop returns as soon as reports are served, and checks
             # the closed flag at least this often.
-            self._producer.poll(0.1)
+            if self._producer.poll(0.1):
+                self._hand_over()
 
 
 def phantom_ack(

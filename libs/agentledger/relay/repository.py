@@ -180,6 +180,18 @@ def check_publication(conn: Any, publication: str) -> None:
 
 # Is the transaction with this 32-bit xid visible to a new snapshot? (migration 0018)
 _VISIBLE = "SELECT agentledger_xid_visible(%(xid)s)"
+# The same question for every transaction of one read pass, asked once: prepared on the
+# control connection when a session starts (``prepare``), so each pass pays one round trip
+# and no parse or plan. Answers the xids that are NOT visible yet (normally none).
+_PREPARE_INVISIBLE = ("PREPARE agentledger_relay_invisible(bigint[]) AS "
+                      "SELECT x FROM unnest($1) AS x WHERE NOT agentledger_xid_visible(x)")
+_INVISIBLE = "EXECUTE agentledger_relay_invisible(%(xids)s::bigint[])"
+
+
+def prepare(conn: Any) -> None:
+    """Prepare the session's statements on its control connection (once per connection)."""
+    with translated("prepare"), conn.cursor() as cur:
+        cur.execute(_PREPARE_INVISIBLE)
 
 
 def visible(conn: Any, xid: int) -> bool:
@@ -194,6 +206,16 @@ def visible(conn: Any, xid: int) -> bool:
         cur.execute(_VISIBLE, {"xid": xid})
         row = cur.fetchone()
     return bool(row and row[0])
+
+
+def invisible(conn: Any, xids: Sequence[int]) -> set[int]:
+    """Which of ``xids`` other sessions cannot see yet (see ``visible``), in one round trip.
+
+    Needs ``prepare`` on ``conn`` first.
+    """
+    with translated("visibility"), conn.cursor() as cur:
+        cur.execute(_INVISIBLE, {"xids": list(xids)})
+        return {int(row[0]) for row in cur.fetchall()}
 
 
 def left(conn: Any, rows: Sequence[tuple[str, str]]) -> int:

@@ -58,8 +58,9 @@ class Router:
 
     namespace: str = ""
 
-    def route(self, table: str, row: Mapping[str, str | None]) -> Record:
-        """The record for one inserted outbox row.
+    def route(self, table: str, row: Mapping[str, str | None],
+              extra: tuple[tuple[str, bytes], ...] = ()) -> Record:
+        """The record for one inserted outbox row; ``extra`` headers go last.
 
         A row that cannot go to its topic (unknown aggregate type, unsafe connector name,
         missing column) is routed to the dead-letter topic with a ``reason`` header, so it
@@ -88,7 +89,7 @@ class Router:
             topic=self.namespace + topic,
             key=(row.get("aggregateid") or "").encode(),
             value=(row.get("payload") or "null").encode(),
-            headers=tuple(headers),
+            headers=(*headers, *extra),
             operation_id=row.get("operation_id"),
         )
 

@@ -9,7 +9,6 @@ confirmed past a record without a successful delivery report (see ``checkpoint``
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import queue
 import select
@@ -50,6 +49,8 @@ class _Session:
         self.relations: dict[int, pgoutput.Relation] = {}
         self.txn: checkpoint.Transaction | None = None
         self.records = 0
+        # When acknowledged rows are swept next at the latest (see ``_confirm``); 0: none wait.
+        self.sweep_at = 0.0
         # Last time delivery moved: a report applied, or the first record put in flight.
         self.progress_at = time.monotonic()
 
@@ -121,6 +122,7 @@ class Relay:
             if not exists and not self.opts.create_slot:
                 raise repository.require_slot(self.opts.slot)
             repository.check_publication(ctrl, self.opts.publication)
+            repository.prepare(ctrl)
             repl = repository.connect_replication(self.opts.database_url)
             cur = repl.cursor()
             pre_slot: list[tuple[str, dict[str, str | None]]] = []
@@ -162,26 +164,40 @@ class Relay:
                 )
                 next_metrics = time.monotonic() + self.opts.metrics_interval
             self._finish_backstop(s, ctrl)
-            read, caught_up = 0, False
-            while read < self.opts.read_batch and (
-                s.checkpoint.in_flight_records < self.opts.max_in_flight
+            # One read pass: decode up to ``read_batch`` messages, ask once whether all their
+            # transactions are visible, then route and publish them in order.
+            passed: list[pgoutput.Message] = []
+            xids: list[int] = []
+            caught_up = False
+            while len(passed) < self.opts.read_batch and (
+                s.checkpoint.in_flight_records + len(passed) < self.opts.max_in_flight
             ):
                 with repository.translated("read_message"):
                     msg = cur.read_message()
                 if msg is None:
                     caught_up = True
                     break
-                self._handle(s, pgoutput.decode(bytes(msg.payload)), ctrl)
-                read += 1
+                decoded = pgoutput.decode(msg.payload)
+                if type(decoded) is pgoutput.Begin:
+                    xids.append(decoded.xid)
+                passed.append(decoded)
+            if xids:
+                self._wait_visible(ctrl, xids)
+            for decoded in passed:
+                self._handle(s, decoded)
             if caught_up and s.backstop.due():
                 self._scan_backstop(s, ctrl)
-            if read or acked:
+            if passed or acked:
                 continue
-            # Nothing to do: sleep until WAL arrives, a report arrives, or housekeeping.
+            # Nothing to do: sleep until WAL arrives, a report arrives, a sweep is due, or
+            # housekeeping.
             waiting = [self._publisher.wake_fd]
             if s.checkpoint.in_flight_records < self.opts.max_in_flight:
                 waiting.append(repl)
-            select.select(waiting, [], [], self.opts.idle_wait)
+            wait = self.opts.idle_wait
+            if s.sweep_at:
+                wait = max(0.0, min(wait, s.sweep_at - time.monotonic()))
+            select.select(waiting, [], [], wait)
             self._publisher.drain_wake()
 
     def _publish_rows(
@@ -230,13 +246,9 @@ class Relay:
         table: str,
         row: dict[str, str | None],
     ) -> None:
-        record = self.router.route(table, row)
-        if txn.xid is not None:
-            # Where the record comes from in the WAL: a consumer that cannot find its row yet
-            # can ask whether this transaction is visible, instead of guessing (issue 18).
-            record = dataclasses.replace(record, headers=(
-                *record.headers, ("xid", str(txn.xid).encode()),
-                ("commit_lsn", _fmt_lsn(txn.final_lsn).encode())))
+        # Where the record comes from in the WAL: a consumer that cannot find its row yet
+        # can ask whether this transaction is visible, instead of guessing (issue 18).
+        record = self.router.route(table, row, txn.headers)
         self._topics.ensure(record.topic, record.family)
         if not s.checkpoint.in_flight_records:
             s.progress_at = time.monotonic()
@@ -244,37 +256,46 @@ class Relay:
         self._publisher.publish(record, txn.commit_time_us, (s.epoch, txn))
         s.records += 1
 
-    def _wait_visible(self, ctrl: Any, xid: int) -> None:
-        """Hold a streamed transaction until other sessions can see it (fail closed).
+    def _wait_visible(self, ctrl: Any, xids: list[int]) -> None:
+        """Hold a read pass until other sessions can see all its transactions (fail closed).
 
-        Under synchronous replication nearly every transaction waits a few milliseconds (the
-        standby's round trip): routine, so only a wait past ``VISIBILITY_NOTICE_S`` is logged
-        (``relay.visibility_wait``, then ``relay.visible`` with how long it took).
+        One prepared query over the pass's xids (``repository.invisible``), then only the
+        ones still invisible are asked again. Under synchronous replication nearly every
+        transaction waits a few milliseconds (the standby's round trip): routine, so only a
+        wait past ``VISIBILITY_NOTICE_S`` is logged (``relay.visibility_wait``, then
+        ``relay.visible`` with how long it took).
         """
-        if repository.visible(ctrl, xid):
+        waiting = repository.invisible(ctrl, xids)
+        if not waiting:
             return
+        held = set(waiting)
         started = time.monotonic()
         deadline, pause, noticed = started + self.opts.visibility_timeout, 0.005, False
         while time.monotonic() < deadline:
             time.sleep(pause)  # polling a commit we cannot be notified of; bounded by deadline
-            if repository.visible(ctrl, xid):
+            waiting = repository.invisible(ctrl, sorted(waiting))
+            if not waiting:
                 if noticed:
-                    log.info("event=relay.visible xid=%d waited_ms=%d", xid,
+                    log.info("event=relay.visible xids=%s waited_ms=%d", _xids(held),
                              (time.monotonic() - started) * 1000)
                 return
             if not noticed and time.monotonic() - started >= VISIBILITY_NOTICE_S:
-                log.warning("event=relay.visibility_wait xid=%d", xid)
+                log.warning("event=relay.visibility_wait xids=%s", _xids(waiting))
                 noticed = True
             pause = min(pause * 2, 0.5)
+        first = min(waiting)
         raise errors.NotVisibleYet("a streamed transaction is still invisible; restarting",
-                                   xid=xid, waited_s=self.opts.visibility_timeout)
+                                   xid=first, invisible=len(waiting),
+                                   waited_s=self.opts.visibility_timeout)
 
-    def _handle(self, s: _Session, msg: pgoutput.Message, ctrl: Any) -> None:
+    def _handle(self, s: _Session, msg: pgoutput.Message) -> None:
+        """Route one decoded message; its transaction is visible already (``_wait_visible``):
+        nothing is published, nor swept, before that — an executor would not find its row,
+        and the sweep would delete nothing (issue 18)."""
         if isinstance(msg, pgoutput.Begin):
-            # Nothing of it is published, nor swept, before it is visible: an executor would
-            # not find its row, and the sweep would delete nothing (issue 18).
-            self._wait_visible(ctrl, msg.xid)
             s.txn = s.checkpoint.begin(msg.final_lsn, msg.commit_time_us, msg.xid)
+            s.txn.headers = (("xid", str(msg.xid).encode()),
+                             ("commit_lsn", _fmt_lsn(msg.final_lsn).encode()))
         elif isinstance(msg, pgoutput.Insert):
             relation = s.relations.get(msg.relation_oid)
             if relation is None or s.txn is None:
@@ -295,24 +316,25 @@ class Relay:
         applied = 0
         while True:
             try:
-                report = self._publisher.reports.get_nowait()
+                served = self._publisher.reports.get_nowait()
             except queue.Empty:
                 break
-            epoch, owner = cast(tuple[int, checkpoint.Transaction | backstop.Batch],
-                                report.token)
-            if epoch != s.epoch:
-                continue  # a record of an abandoned session: it will be streamed again
-            if isinstance(owner, backstop.Batch):
-                s.backstop.delivered(owner, report.ok)
-            else:
-                s.checkpoint.delivered(owner, report.ok)
-            applied += 1
-            if not report.ok:
-                # A new producer for the next session: the old one's queue would only
-                # resend what the session streams again from the slot.
-                self._publisher.request_reset("delivery_failed")
-                raise errors.DeliveryFailed("Kafka did not acknowledge a record",
-                                            reason=report.error)
+            for report in served:
+                epoch, owner = cast(tuple[int, checkpoint.Transaction | backstop.Batch],
+                                    report.token)
+                if epoch != s.epoch:
+                    continue  # a record of an abandoned session: it will be streamed again
+                if isinstance(owner, backstop.Batch):
+                    s.backstop.delivered(owner, report.ok)
+                else:
+                    s.checkpoint.delivered(owner, report.ok)
+                applied += 1
+                if not report.ok:
+                    # A new producer for the next session: the old one's queue would only
+                    # resend what the session streams again from the slot.
+                    self._publisher.request_reset("delivery_failed")
+                    raise errors.DeliveryFailed("Kafka did not acknowledge a record",
+                                                reason=report.error)
         if applied:
             s.progress_at = time.monotonic()
         return applied
@@ -326,23 +348,42 @@ class Relay:
                 in_flight=s.checkpoint.in_flight_records, seconds=round(waited, 1),
             )
 
-    def _confirm(self, s: _Session, ctrl: Any, cur: Any) -> None:
-        """Sweep the rows of acknowledged transactions, then confirm their end LSN."""
-        txns, rows = s.checkpoint.sweepable(self.opts.sweep_batch)
-        if not txns:
-            return
-        faults.point_sync("relay.after_produce")  # acknowledged by Kafka, LSN not yet flushed
-        if rows and repository.sweep(ctrl, rows) < len(rows):
-            # Fewer rows deleted than published: legitimate only if a previous session swept
-            # them already (a re-streamed transaction). A row still there is never confirmed
-            # past: the slot would move on and strand it (issue 18).
-            still = repository.left(ctrl, rows)
-            if still:
-                raise errors.RelayError("the sweep left published outbox rows in place; "
-                                        "not confirming", rows=still)
-        lsn = s.checkpoint.swept(txns)
-        with repository.translated("send_feedback"):
-            cur.send_feedback(flush_lsn=lsn, force=True)
+    def _confirm(self, s: _Session, ctrl: Any, cur: Any, *, now: bool = False) -> None:
+        """Sweep the rows of acknowledged transactions, then confirm their end LSN.
+
+        Not per acknowledged transaction: once ``sweep_batch`` rows are acknowledged, or
+        ``sweep_interval`` after the first acknowledgement waiting (``now``: at once). A row
+        waits that much longer in the outbox; its record is on Kafka already.
+        """
+        cp = s.checkpoint
+        if not now and cp.acked_records < self.opts.sweep_batch:
+            if not (cp.acked_records or cp.committed):
+                return  # nothing a sweep could take
+            if not s.sweep_at:
+                s.sweep_at = time.monotonic() + self.opts.sweep_interval
+                return
+            if time.monotonic() < s.sweep_at:
+                return
+        s.sweep_at = 0.0
+        while True:
+            txns, rows = s.checkpoint.sweepable(self.opts.sweep_batch)
+            if not txns:
+                return
+            faults.point_sync("relay.after_produce")  # acknowledged by Kafka, LSN not yet flushed
+            if rows and repository.sweep(ctrl, rows) < len(rows):
+                # Fewer rows deleted than published: legitimate only if a previous session
+                # swept them already (a re-streamed transaction). A row still there is never
+                # confirmed past: the slot would move on and strand it (issue 18).
+                still = repository.left(ctrl, rows)
+                if still:
+                    raise errors.RelayError("the sweep left published outbox rows in place; "
+                                            "not confirming", rows=still)
+            faults.point_sync("relay.after_sweep")  # rows deleted, their LSN not yet flushed
+            lsn = s.checkpoint.swept(txns)
+            with repository.translated("send_feedback"):
+                cur.send_feedback(flush_lsn=lsn, force=True)
+            if len(rows) < self.opts.sweep_batch:
+                return  # what is left is not acknowledged yet (or is a full batch more)
 
     def _drain_on_stop(self, s: _Session, ctrl: Any, cur: Any) -> None:
         """Graceful stop: give in-flight records a chance to be confirmed, then confirm."""
@@ -355,12 +396,17 @@ class Relay:
         self._finish_backstop(s, ctrl)
         while True:
             before = s.checkpoint.confirmed_lsn
-            self._confirm(s, ctrl, cur)
+            self._confirm(s, ctrl, cur, now=True)
             if s.checkpoint.confirmed_lsn == before:
                 break
         log.info("event=relay.stopped confirmed_lsn=%s in_flight=%d backstop_passes=%d",
                  _fmt_lsn(s.checkpoint.confirmed_lsn), s.checkpoint.in_flight_records,
                  s.backstop.passes)
+
+
+def _xids(xids: set[int]) -> str:
+    """Xids for a log line, comma-separated (only the ones waited for: normally a few)."""
+    return ",".join(map(str, sorted(xids)))
 
 
 def _fmt_lsn(lsn: int) -> str:

@@ -239,10 +239,12 @@ def _delete_topics(bootstrap: str, ns: str) -> None:
         AdminClient({"bootstrap.servers": bootstrap}, logger=logs.LIBRDKAFKA), ns)
 
 
-def _front_door(prefix: str, port: int, sessions: SessionIssuer) -> dict[str, str]:
+def _front_door(prefix: str, port: int, sessions: SessionIssuer,
+                more_keys: Mapping[str, str] | None = None) -> dict[str, str]:
     """The console's and ingress' shared settings: where they listen, whose sessions count."""
     return {f"{prefix}PORT": str(port),
-            f"{prefix}SESSION_KEYS": json.dumps({sessions.kid: sessions.public_pem}),
+            f"{prefix}SESSION_KEYS": json.dumps({sessions.kid: sessions.public_pem,
+                                                 **(more_keys or {})}),
             f"{prefix}SESSION_ISSUER": sessions.issuer,
             f"{prefix}SESSION_AUDIENCE": sessions.audience}
 
@@ -255,7 +257,8 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
              prefix: Mapping[str, Sequence[str]] | None = None,
              crm_options: Mapping[str, Any] | None = None,
              connectors: Mapping[str, Mapping[str, Any]] | None = None,
-             config_env: Mapping[str, str] | None = None) -> Iterator[Pipeline]:
+             config_env: Mapping[str, str] | None = None,
+             session_keys: Mapping[str, str] | None = None) -> Iterator[Pipeline]:
     """Start the pipeline; ``env`` adds variables per service name (``relay``, ``admission``,
     ``executor-crm``, ``executor-billing``, ``reconciler``, ``console``); ``prefix`` runs a
     service under a command (``ip netns exec NAME``: in a network namespace, tests/netns.py);
@@ -263,7 +266,8 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
     ``connectors`` adds connectors (plugins) beside the demo's, with their options: every
     service gets them in ``AGENTLEDGER_CONNECTORS``, and each gets an executor of its own
     (``executor-<name>``); ``config_env`` (an operator's ``AGENTLEDGER_ALLOWLIST``,
-    ``AGENTLEDGER_POLICY_DIR``) goes to every service.
+    ``AGENTLEDGER_POLICY_DIR``) goes to every service. ``session_keys`` ({kid: public PEM})
+    are more signers of sessions ingress accepts (the MCP server's, for its OAuth callers).
 
     ``console`` also starts the approvals console and a second tenant with its own customer
     and principals, known to admission and the console (for tenant-isolation tests)."""
@@ -354,7 +358,7 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
             port = processes.free_port()
             p.ingress_url = f"http://127.0.0.1:{port}"
             start("ingress", "agentledger.services.ingress", {
-                **_front_door("AGENTLEDGER_INGRESS_", port, p.sessions),
+                **_front_door("AGENTLEDGER_INGRESS_", port, p.sessions, session_keys),
                 # Signs with the key admission trusts (agentledger.testing.identities).
                 "AGENTLEDGER_INGRESS_ENVELOPE_KEY": identities.PRIVATE_PEM,
                 "AGENTLEDGER_INGRESS_ENVELOPE_KID": identities.KID,

@@ -1,0 +1,345 @@
+"""The MCP server as an OAuth 2.1 resource server (issue 40), with a real Keycloak.
+
+Keycloak 26 (``deploy/local/keycloak.sh``; :mod:`agentledger.testing.keycloak`) on free
+ports, a realm whose confidential clients stand for the pipeline's principals; the real
+pipeline's services as processes; ``agentledger mcp`` over streamable HTTP with the issuer,
+its canonical URI and an exchange key ingress trusts. The official ``mcp`` SDK's client
+discovers the authorization server from the 401 (RFC 9728 metadata), gets a
+client-credentials token from Keycloak and calls tools, at protocol ``2026-07-28`` and at
+``2025-11-25``. Tokens the server must refuse — another audience, expired, an unknown key,
+a missing scope, another tenant — are refused with the HTTP status the specification
+names, and nothing reaches the ledger. A refund that needs a person is followed as a Task
+(``io.modelcontextprotocol/tasks``) until the approvals console's API decides it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import httpx2
+import jwt
+import mcp_types as types
+import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
+from mcp import Client
+from mcp.client.auth import TokenStorage
+from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
+
+from agentledger import identity, logins
+from agentledger.mcp import idempotency
+from agentledger.testing import keycloak, processes
+from agentledger.testing.pipeline import Pipeline, pipeline
+from agentledger.testing.polling import wait_until
+from tests.e2e.test_mcp import _refunds
+from tests.stack import Stack
+
+WAIT_S = 20
+SCOPE = keycloak.TOOLS_SCOPE
+EXCHANGE_KID = "mcp-oauth-test"
+
+
+@dataclass(frozen=True)
+class World:
+    p: Pipeline
+    url: str  # the MCP endpoint = its canonical URI (the tokens' audience)
+    realm: keycloak.Realm
+
+
+@pytest.fixture(scope="module")
+def kc() -> Iterator[keycloak.Keycloak]:
+    with keycloak.running() as found:
+        yield found
+
+
+@pytest.fixture(scope="module")
+def world(stack: Stack, database_url: str, make_database: Callable[[], str], kc: keycloak.Keycloak,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    logs = tmp_path_factory.mktemp("mcp-oauth")
+    exchange_private, exchange_public = identity.generate_keypair("EdDSA")
+    with pipeline(stack.kafka_bootstrap, database_url, make_database(), logs, ingress=True,
+                  console=True, session_keys={EXCHANGE_KID: exchange_public}) as p:
+        assert p.sessions is not None and p.ingress_url and p.console_url
+        port = processes.free_port()
+        url = f"http://127.0.0.1:{port}/mcp"
+        realm = kc.realm(f"agentledger-{uuid.uuid4().hex[:8]}", url, [
+            keycloak.Agent("agent-alice", p.tenant, "user:alice", roles=["user"]),
+            keycloak.Agent("agent-elsewhere", p.tenant, "user:alice", roles=["user"],
+                           audience=f"http://127.0.0.1:{port}/other"),
+            keycloak.Agent("agent-noscope", p.tenant, "user:alice", roles=["user"], scopes=()),
+            keycloak.Agent("agent-brief", p.tenant, "user:alice", roles=["user"],
+                           token_lifespan_s=1),
+            # The same principal name, in a tenant whose directory does not hold it.
+            keycloak.Agent("agent-stranger", str(uuid.uuid4()), "user:alice", roles=["user"]),
+        ])
+        env = {"AGENTLEDGER_KAFKA_BOOTSTRAP": p.bootstrap,
+               "AGENTLEDGER_DATABASE_URL": logins.url_for(p.database_url, "mcp"),
+               "AGENTLEDGER_MCP_TRANSPORT": "http", "AGENTLEDGER_MCP_PORT": str(port),
+               "AGENTLEDGER_MCP_INGRESS_URL": p.ingress_url,
+               "AGENTLEDGER_MCP_ADMISSIONS_TOPIC": p.topic("agent.admissions.v1"),
+               "AGENTLEDGER_MCP_OUTCOMES_TOPIC": p.topic("agent.outcomes.v1"),
+               "AGENTLEDGER_MCP_WAIT_S": str(WAIT_S),
+               "AGENTLEDGER_MCP_CONSOLE_URL": p.console_url,
+               "AGENTLEDGER_MCP_RESOURCE_URL": url,
+               "AGENTLEDGER_MCP_OAUTH_ISSUER": realm.issuer,
+               # The token's own clock is the test's: no skew to forgive here.
+               "AGENTLEDGER_MCP_OAUTH_LEEWAY_S": "0",
+               "AGENTLEDGER_MCP_EXCHANGE_KEY": exchange_private,
+               "AGENTLEDGER_MCP_EXCHANGE_KID": EXCHANGE_KID,
+               "AGENTLEDGER_MCP_SESSION_ISSUER": p.sessions.issuer,
+               "AGENTLEDGER_MCP_SESSION_AUDIENCE": p.sessions.audience}
+        with processes.running("agentledger.mcp", env, logs / "mcp.log",
+                               ready=processes.http_ok(f"http://127.0.0.1:{port}/healthz")):
+            yield World(p, url, realm)
+
+
+class Memory(TokenStorage):
+    """The SDK client's token storage, in memory."""
+
+    def __init__(self) -> None:
+        self.tokens: OAuthToken | None = None
+        self.client: OAuthClientInformationFull | None = None
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return self.tokens
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return self.client
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        self.client = client_info
+
+
+@asynccontextmanager
+async def _oauth_client(w: World, client_id: str, mode: str = "auto") -> AsyncIterator[Client]:
+    """The SDK's client with the SDK's client-credentials provider: no token given, it finds
+    the authorization server from the 401 and asks it."""
+    agent = w.realm.agents[client_id]
+    provider = ClientCredentialsOAuthProvider(
+        server_url=w.url, storage=Memory(), client_id=agent.client_id,
+        client_secret=agent.secret, issuer=w.realm.issuer, scope=SCOPE)
+    async with httpx2.AsyncClient(auth=provider, timeout=httpx2.Timeout(30, read=120)) as http, \
+            Client(streamable_http_client(w.url, http_client=http), mode=mode) as mcp:
+        yield mcp
+
+
+def _answer(result: types.CallToolResult) -> dict[str, Any]:
+    assert isinstance(result.structured_content, dict), result
+    return result.structured_content
+
+
+def _note(p: Pipeline, body: str) -> dict[str, Any]:
+    return {"customer_id": p.customer, "body": body, "target": p.customer}
+
+
+def _ledger(p: Pipeline, op: uuid.UUID) -> tuple[int, int]:
+    """(commands, approval requests) the ledger holds for one operation."""
+    async def count() -> tuple[int, int]:
+        conn = await asyncpg.connect(p.database_url)
+        try:
+            commands = await conn.fetchval(
+                "SELECT count(*) FROM agent_command WHERE operation_id = $1", op)
+            approvals = await conn.fetchval(
+                "SELECT count(*) FROM approval_request WHERE operation_id = $1", op)
+            return int(commands), int(approvals)
+        finally:
+            await conn.close()
+    return asyncio.run(count())
+
+
+def _effects(p: Pipeline, op: str) -> list[dict[str, Any]]:
+    return [e for e in asyncio.run(p.crm.effects(p.tenant))
+            if e["kind"] == "note.created" and e.get("idempotency_key") == op]
+
+
+def test_the_401_names_the_metadata_and_the_metadata_names_keycloak(world: World) -> None:
+    w = world
+    answer = httpx2.post(w.url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                         headers={"Accept": "application/json, text/event-stream"}, timeout=30)
+    assert answer.status_code == 401
+    challenge = answer.headers["www-authenticate"]
+    metadata_url = w.url.replace("/mcp", "/.well-known/oauth-protected-resource/mcp")
+    assert f'resource_metadata="{metadata_url}"' in challenge and f'scope="{SCOPE}"' in challenge
+    metadata = httpx2.get(metadata_url, timeout=30).json()
+    assert metadata["resource"] == w.url and metadata["authorization_servers"] == [w.realm.issuer]
+    assert metadata["scopes_supported"] == [SCOPE]
+
+
+@pytest.mark.parametrize("mode", ["2026-07-28", "legacy"])
+def test_a_client_credentials_agent_lists_and_calls_once_in_either_protocol_era(
+        world: World, mode: str) -> None:
+    w = world
+    key = f"oauth-{mode}-{uuid.uuid4().hex[:12]}"
+    body = _note(w.p, f"via oauth {mode} {uuid.uuid4()}")
+
+    async def session() -> tuple[str, set[str], list[dict[str, Any]]]:
+        async with _oauth_client(w, "agent-alice", mode) as mcp:
+            names = {t.name for t in (await mcp.list_tools()).tools}
+            answers = [_answer(await mcp.call_tool("crm.note.create", body,
+                                                   meta={idempotency.META_KEY: key}))
+                       for _ in range(5)]
+            return mcp.protocol_version, names, answers
+    version, names, answers = asyncio.run(session())
+    # The modern client adopts 2026-07-28 statelessly; the legacy one negotiates 2025-11-25
+    # through `initialize` on the same endpoint.
+    assert version == ("2026-07-28" if mode != "legacy" else "2025-11-25")
+    assert {"crm.note.create", "billing.refund.create", "agentledger_status"} <= names
+    op = identity.derive_operation_id(uuid.UUID(w.p.tenant), "user:alice", key)
+    assert {a["operation_id"] for a in answers} == {str(op)}
+    assert {a["status"] for a in answers} == {"succeeded"}, answers
+    assert w.p.state(op) == ("succeeded", answers[0]["receipt"])
+    assert len(_effects(w.p, str(op))) == 1 and _ledger(w.p, op) == (1, 0)
+
+
+def _forged(w: World, *, kid: str) -> str:
+    """A token with every claim right, signed by a key that is not the realm's."""
+    stranger = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    now = int(time.time())
+    return jwt.encode({"iss": w.realm.issuer, "aud": w.url, "exp": now + 300, "iat": now,
+                       "tenant_id": w.p.tenant, "principal": "user:alice", "azp": "agent-alice",
+                       "scope": SCOPE}, stranger, algorithm="RS256", headers={"kid": kid})
+
+
+def test_tokens_the_server_must_not_accept_are_refused_with_the_specified_status(
+        world: World) -> None:
+    w = world
+    good = w.realm.token("agent-alice")["access_token"]
+    realm_kid = jwt.get_unverified_header(good)["kid"]
+    brief = w.realm.token("agent-brief")["access_token"]
+    expires = jwt.decode(brief, options={"verify_signature": False})["exp"]
+    # Wait on the clock for the token's expiry (a condition with a deadline, not a sleep).
+    assert wait_until(lambda: time.time() > expires + 1, timeout=30)
+    cases = {
+        "another audience": (w.realm.token("agent-elsewhere")["access_token"], 401, "invalid_token"),
+        "expired": (brief, 401, "invalid_token"),
+        "an unknown key": (_forged(w, kid="kid-nobody-published"), 401, "invalid_token"),
+        "the realm's kid, another key": (_forged(w, kid=realm_kid), 401, "invalid_token"),
+        "no scope": (w.realm.token("agent-noscope")["access_token"], 403, "insufficient_scope"),
+        "another tenant": (w.realm.token("agent-stranger")["access_token"], 401, "invalid_token"),
+    }
+    seen: dict[str, tuple[int, str]] = {}
+    ops = []
+    for name, (token, _, _) in cases.items():
+        key = f"refused-{uuid.uuid4().hex[:12]}"
+        answer = httpx2.post(w.url, json={
+            "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "crm.note.create", "arguments": _note(w.p, f"refused {name}"),
+                       "_meta": {idempotency.META_KEY: key}}},
+            headers={"Authorization": f"Bearer {token}", "MCP-Protocol-Version": "2025-11-25",
+                     "Accept": "application/json, text/event-stream"}, timeout=30)
+        challenge = answer.headers.get("www-authenticate", "")
+        seen[name] = (answer.status_code, challenge)
+        assert "resource_metadata=" in challenge and f'scope="{SCOPE}"' in challenge, (name, challenge)
+        ops.append(identity.derive_operation_id(uuid.UUID(w.p.tenant), "user:alice", key))
+    def error_of(challenge: str) -> str | None:
+        found = re.search(r'error="([^"]+)"', challenge)
+        return found.group(1) if found else None
+    assert {name: (status, error_of(challenge)) for name, (status, challenge) in seen.items()} == {
+        name: (status, error) for name, (_, status, error) in cases.items()}, seen
+    # Nothing admitted, nothing waiting for approval, no effect.
+    assert [_ledger(w.p, op) for op in ops] == [(0, 0)] * len(ops)
+    assert all(not _effects(w.p, str(op)) for op in ops)
+
+
+def test_the_callers_access_token_never_reaches_ingress(world: World) -> None:
+    # No token passthrough: ingress accepts only sessions of its configured keys (the test
+    # IdP's and this server's exchange key), so the realm's RS256 access token would be
+    # refused there; the call succeeding under the verified principal is the proof.
+    w = world
+    key = f"exchange-{uuid.uuid4().hex[:12]}"
+
+    async def call() -> dict[str, Any]:
+        async with _oauth_client(w, "agent-alice") as mcp:
+            return _answer(await mcp.call_tool("crm.note.create", _note(w.p, f"exchange {key}"),
+                                               meta={idempotency.META_KEY: key}))
+    done = asyncio.run(call())
+    assert done["status"] == "succeeded", done
+    records = w.p.read("agent.proposals.v1",
+                       lambda r: r.get("operation_id") == done["operation_id"])
+    assert [(r["tenant_id"], r["principal_id"]) for r in records] == [(w.p.tenant, "user:alice")]
+    assert w.realm.issuer not in json.dumps(records)
+
+
+def _modern(w: World, token: str, method: str, params: dict[str, Any], name: str,
+            extensions: dict[str, Any], status: int = 200) -> dict[str, Any]:
+    """One 2026-07-28 request on the wire (the SDK's client does not speak the tasks
+    extension): per-request version and capabilities, the routing headers."""
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {"extensions": extensions},
+            "io.modelcontextprotocol/clientInfo": {"name": "tasks-e2e", "version": "1"}}
+    answer = httpx2.post(w.url, json={"jsonrpc": "2.0", "id": 1, "method": method,
+                                      "params": {**params, "_meta": {**params.get("_meta", {}), **meta}}},
+                         headers={"Authorization": f"Bearer {token}",
+                                  "Accept": "application/json, text/event-stream",
+                                  "MCP-Protocol-Version": "2026-07-28", "Mcp-Method": method,
+                                  "Mcp-Name": name}, timeout=120)
+    assert answer.status_code == status, answer.text
+    found: dict[str, Any] = answer.json()
+    return found
+
+
+def test_an_approval_is_followed_as_a_task_until_the_console_decides(world: World) -> None:
+    w = world
+    assert w.p.sessions is not None and w.p.console_url
+    token = w.realm.token("agent-alice")["access_token"]
+    declared = {"io.modelcontextprotocol/tasks": {}}
+    invoice = f"inv-{uuid.uuid4().hex[:8]}"
+    refund = {"customer_id": w.p.customer, "invoice_id": invoice, "amount_minor": 4200,
+              "currency": "EUR", "reason": "double charge", "target": w.p.customer}
+    called = _modern(w, token, "tools/call", {"name": "billing.refund.create", "arguments": refund},
+                     "billing.refund.create", declared)["result"]
+    # The task id is the operation id, and the ledger holds it before the answer.
+    assert called["resultType"] == "task" and called["status"] == "input_required", called
+    op = uuid.UUID(called["taskId"])
+    assert _ledger(w.p, op) == (0, 1) and w.p.pending_approval(op)
+
+    def get() -> dict[str, Any]:
+        found: dict[str, Any] = _modern(w, token, "tasks/get", {"taskId": str(op)}, str(op),
+                                        declared)["result"]
+        return found
+    waiting = get()
+    assert waiting["status"] == "input_required" and waiting["resultType"] == "complete"
+    [(key, request)] = waiting["inputRequests"].items()
+    approval = key.removeprefix("approval-")
+    assert request["method"] == "elicitation/create" and request["params"]["mode"] == "url"
+    assert request["params"]["url"] == f"{w.p.console_url}/approvals/{approval}"
+    # A client that does not declare the extension is refused the tasks/* methods.
+    undeclared = _modern(w, token, "tasks/get", {"taskId": str(op)}, str(op), {}, status=400)
+    assert undeclared["error"]["code"] == -32021
+
+    # fiona decides through the console's HTTP API, as the approval page would.
+    fiona = {"Authorization": f"Bearer {w.p.sessions.issue(w.p.tenant, 'user:fiona', ['finance-approver'])}"}
+    shown = httpx2.get(f"{w.p.console_url}/api/v1/approvals/{approval}", headers=fiona, timeout=30)
+    assert shown.status_code == 200, shown.text
+    decided = httpx2.post(f"{w.p.console_url}/api/v1/approvals/{approval}/approve", headers=fiona,
+                          json={"shown_hash": shown.json()["request_hash"], "reason": "checked"},
+                          timeout=60)
+    assert decided.status_code == 200 and decided.json()["state"] == "approved", decided.text
+
+    seen: list[dict[str, Any]] = []
+
+    def completed() -> bool:
+        seen.append(get())
+        return bool(seen[-1]["status"] == "completed")
+    # The task's own poll interval (2 s) between polls, to a deadline.
+    assert wait_until(completed, timeout=120, interval=waiting["pollIntervalMs"] / 1000), seen[-3:]
+    assert {s["status"] for s in seen} <= {"input_required", "working", "completed"}
+    result = seen[-1]["result"]
+    assert result["isError"] is False and result["structuredContent"]["status"] == "succeeded"
+    receipt = result["structuredContent"]["receipt"]
+    assert w.p.state(op) == ("succeeded", receipt) and _ledger(w.p, op) == (1, 1)
+    # Refunds carry no key (never deduped): the CRM's own rows for this invoice are the proof.
+    assert _refunds(w.p, invoice) == [receipt.removeprefix("crm:refund:")]
