@@ -35,6 +35,9 @@ if [ "$MODE" = test ]; then
   # jaeger.sh: its health probe (curl) and its UI archive (tar -J needs xz).
   command -v curl >/dev/null || missing+=(curl)
   command -v xz >/dev/null || missing+=(xz-utils)
+  # The official TypeScript MCP SDK's client (tests/e2e/ts_client): Node >= 20 and npm.
+  command -v node >/dev/null || missing+=(nodejs)
+  command -v npm >/dev/null || missing+=(npm)
 fi
 
 apt_install() {
@@ -79,6 +82,17 @@ if [ "$MODE" = test ]; then
     step_start keycloak "Keycloak $(bash "$HERE/keycloak.sh" version) (the MCP tests' OAuth server), from Maven Central" \
       bash "$HERE/keycloak.sh" install
     started+=(keycloak)
+  fi
+  # The TypeScript MCP client's SDK, at package-lock.json's versions (npm ci), in its own
+  # directory: a stamp per lock file, so a changed lock reinstalls.
+  TS_CLIENT="$ROOT/tests/e2e/ts_client"
+  TS_STAMP="$TS_CLIENT/node_modules/.installed-$(sha256sum "$TS_CLIENT/package-lock.json" | cut -c1-16)"
+  if [ ! -f "$TS_STAMP" ]; then
+    install_ts_client() {
+      (cd "$TS_CLIENT" && npm ci --no-audit --no-fund --loglevel=error) && touch "$TS_STAMP"
+    }
+    step_start ts-client "the TypeScript MCP SDK's client (npm ci in tests/e2e/ts_client)" install_ts_client
+    started+=(ts-client)
   fi
 fi
 

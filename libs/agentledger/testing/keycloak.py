@@ -7,7 +7,9 @@ runs it). :func:`running` starts one in dev mode and yields a :class:`Keycloak`;
 client's service account is one principal of one tenant (hardcoded ``tenant_id`` and
 ``principal`` claims, the directory's roles as realm roles and a ``roles`` claim), its tokens
 name the resource (the MCP server's canonical URI) in ``aud`` and carry the scopes it is
-given.
+given. A realm may also hold people (users who sign in on Keycloak's login page, their
+``tenant_id`` and ``principal`` user attributes mapped into the token) and one public client
+for them: the authorization-code flow with PKCE (S256 required), one exact redirect URI.
 """
 
 from __future__ import annotations
@@ -59,12 +61,32 @@ class Agent:
 
 
 @dataclass(frozen=True)
+class Person:
+    """A user who signs in with a password; one principal of one tenant."""
+
+    username: str
+    tenant_id: str
+    principal: str
+    password: str = field(default_factory=lambda: secrets.token_urlsafe(18))
+
+
+@dataclass(frozen=True)
+class PublicClient:
+    """A public client for people: authorization code with PKCE S256, no secret."""
+
+    client_id: str
+    redirect_uri: str
+    scopes: Sequence[str] = (TOOLS_SCOPE,)
+
+
+@dataclass(frozen=True)
 class Realm:
     """A seeded realm: its issuer and agents."""
 
     base_url: str
     name: str
     agents: Mapping[str, Agent]
+    people: Mapping[str, Person] = field(default_factory=dict)
 
     @property
     def issuer(self) -> str:
@@ -103,11 +125,14 @@ class Keycloak:
         answer.raise_for_status()
         return str(answer.json()["access_token"])
 
-    def realm(self, name: str, resource: str, agents: Sequence[Agent]) -> Realm:
-        """Create realm ``name`` for ``resource`` with ``agents`` (one admin API call).
+    def realm(self, name: str, resource: str, agents: Sequence[Agent],
+              people: Sequence[Person] = (), public_client: PublicClient | None = None
+              ) -> Realm:
+        """Create realm ``name`` for ``resource`` with ``agents`` (one admin API call), and
+        ``people`` with ``public_client`` (two calls for the user profile, one per person).
 
         Raises:
-            httpx.HTTPStatusError: Keycloak refused the realm.
+            httpx.HTTPStatusError: Keycloak refused the realm or a person.
         """
         roles = sorted({role for agent in agents for role in agent.roles})
         representation = {
@@ -117,16 +142,41 @@ class Keycloak:
                 "name": TOOLS_SCOPE, "protocol": "openid-connect",
                 "attributes": {"include.in.token.scope": "true",
                                "display.on.consent.screen": "false"}}],
-            "clients": [_client(agent, resource) for agent in agents],
+            "clients": [_client(agent, resource) for agent in agents]
+                       + ([_public_client(public_client, resource)] if public_client else []),
             "users": [{"username": f"service-account-{agent.client_id}", "enabled": True,
                        "serviceAccountClientId": agent.client_id,
                        "realmRoles": list(agent.roles)} for agent in agents],
         }
+        admin = {"Authorization": f"Bearer {self._admin_token()}"}
         answer = httpx.post(f"{self.base_url}/admin/realms", json=representation,
-                            headers={"Authorization": f"Bearer {self._admin_token()}"},
-                            timeout=60)
+                            headers=admin, timeout=60)
         answer.raise_for_status()
-        return Realm(self.base_url, name, {agent.client_id: agent for agent in agents})
+        if people:
+            self._add_people(name, people, admin)
+        return Realm(self.base_url, name, {agent.client_id: agent for agent in agents},
+                     {person.username: person for person in people})
+
+    def _add_people(self, realm: str, people: Sequence[Person], admin: Mapping[str, str]
+                    ) -> None:
+        base = f"{self.base_url}/admin/realms/{realm}"
+        # Keycloak 26's user profile drops attributes it does not declare: let the realm keep
+        # ours (tenant_id, principal), which only the admin API sets.
+        profile = httpx.get(f"{base}/users/profile", headers=admin, timeout=30)
+        profile.raise_for_status()
+        changed = {**profile.json(), "unmanagedAttributePolicy": "ADMIN_EDIT"}
+        httpx.put(f"{base}/users/profile", json=changed, headers=admin,
+                  timeout=30).raise_for_status()
+        for person in people:
+            # Every attribute the default profile requires is set, so the login page signs in
+            # without an "update your account" step.
+            httpx.post(f"{base}/users", headers=admin, timeout=30, json={
+                "username": person.username, "enabled": True, "emailVerified": True,
+                "email": f"{person.username}@example.test", "firstName": person.username,
+                "lastName": "Test", "requiredActions": [],
+                "attributes": {"tenant_id": [person.tenant_id], "principal": [person.principal]},
+                "credentials": [{"type": "password", "value": person.password,
+                                 "temporary": False}]}).raise_for_status()
 
 
 def _mapper(name: str, kind: str, config: Mapping[str, str]) -> dict[str, Any]:
@@ -156,6 +206,31 @@ def _client(agent: Agent, resource: str) -> dict[str, Any]:
                      "jsonType.label": "String"}),
             _mapper("roles", "oidc-usermodel-realm-role-mapper",
                     {"claim.name": "roles", "multivalued": "true",
+                     "jsonType.label": "String"}),
+        ],
+    }
+
+
+def _public_client(client: PublicClient, resource: str) -> dict[str, Any]:
+    def attribute(claim: str) -> dict[str, Any]:
+        return _mapper(claim, "oidc-usermodel-attribute-mapper",
+                       {"user.attribute": claim, "claim.name": claim,
+                        "jsonType.label": "String"})
+    return {
+        "clientId": client.client_id, "enabled": True, "protocol": "openid-connect",
+        "publicClient": True, "standardFlowEnabled": True, "serviceAccountsEnabled": False,
+        "directAccessGrantsEnabled": False, "implicitFlowEnabled": False,
+        "redirectUris": [client.redirect_uri], "webOrigins": [],
+        "fullScopeAllowed": True, "defaultClientScopes": list(client.scopes),
+        "optionalClientScopes": [],
+        # PKCE required, S256 only: a code without the verifier is refused.
+        "attributes": {"pkce.code.challenge.method": "S256"},
+        "protocolMappers": [
+            _mapper("audience", "oidc-audience-mapper", {"included.custom.audience": resource}),
+            attribute("tenant_id"), attribute("principal"),
+            # Who signed in, by name (the `profile` scope is not asked for).
+            _mapper("username", "oidc-usermodel-property-mapper",
+                    {"user.attribute": "username", "claim.name": "preferred_username",
                      "jsonType.label": "String"}),
         ],
     }
