@@ -17,12 +17,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentledger import logins, migrations, settings
+from agentledger import identity, logins, migrations, settings
 from agentledger.connectors import plugins
 from agentledger.contracts import topics
 from agentledger.kafka import topics as kafka_topics
-from agentledger.testing import processes
+from agentledger.testing import keycloak, processes
 from agentledger.testing.crm import Crm
+from agentledger.testing.polling import wait_until
 from demo import adoption, seed, stack
 
 # Small on purpose: the budget scenario runs five steps of one request against three calls.
@@ -33,6 +34,12 @@ PARTITIONS = "2"
 # How long one MCP tool call waits for its outcome (AGENTLEDGER_MCP_WAIT_S): a note takes a
 # second or two; a call answered `in_progress` would make the story wait for nothing.
 MCP_WAIT_S = "20"
+# The MCP story's OAuth 2.1 side: Keycloak's realm, the agent client standing for user:alice
+# (its service account), and the kid under which the MCP server signs ingress' sessions for
+# the callers it verified (never passing their access tokens on).
+REALM = "agentledger-demo"
+MCP_AGENT = "agent-alice"
+MCP_EXCHANGE_KID = "demo-mcp"
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,14 @@ class World:
     mailpit_url: str = ""
     smtp_fault_url: str = ""
     mcp_url: str = ""
+    # Keycloak (the MCP server's authorization server), its admin's password, the realm's
+    # issuer and the agent of the MCP story (client_id, client_secret, scope, tenant_id,
+    # principal). It boots while the first stories play; the MCP story waits for it and
+    # seeds the realm (:func:`seed_realm`).
+    keycloak_url: str = ""
+    keycloak_admin: str = ""
+    oauth_issuer: str = ""
+    mcp_agent: dict[str, str] = field(default_factory=dict)
 
     def topic(self, name: str) -> str:
         return self.namespace + name
@@ -157,9 +172,15 @@ def launch(opts: Options, step: Step, progress: Step = _quiet) -> World:
     admin_token = secrets.token_urlsafe(16)
     ports = processes.free_ports({"crm": 8090, "ingress": 8080, "console": 8070, "model": 8099,
                          "mailpit": 8025, "mailpit-smtp": 1025, "smtp-fault": None,
-                         "smtp-control": None, "mcp": 8060})
+                         "smtp-control": None, "mcp": 8060, "keycloak": None,
+                         "keycloak-management": None})
     url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     mailpit = adoption.mailpit_binary()
+    kc_command = _keycloak_command(ports["keycloak"], ports["keycloak-management"])
+    kc_password = secrets.token_urlsafe(18)
+    oauth_issuer = f"{url['keycloak']}/realms/{REALM}"
+    mcp_url = f"{url['mcp']}/mcp"
+    exchange_private, exchange_public = identity.generate_keypair("EdDSA")
     # The e-mail connector as an operator adds it: found by its entry point, configured in
     # AGENTLEDGER_CONNECTORS beside the CRM and billing, its allowlist entry and policy added
     # to the packaged ones. Every service reads the same configuration.
@@ -180,7 +201,7 @@ def launch(opts: Options, step: Step, progress: Step = _quiet) -> World:
         ledger_url, ("admission", "executor", "reconciler", "relay", "console", "ingress",
                      "mcp")))
 
-    step("starting the CRM stand-in, the fake model and Mailpit (SMTP)")
+    step("starting the CRM stand-in, the fake model, Mailpit (SMTP) and Keycloak (OAuth)")
     shutil.rmtree(opts.home / "mailpit", ignore_errors=True)  # the previous run's messages
     (opts.home / "mailpit").mkdir(parents=True)
     first = [
@@ -201,6 +222,10 @@ def launch(opts: Options, step: Step, progress: Step = _quiet) -> World:
             "AGENTLEDGER_DEMO_SMTP_UPSTREAM_PORT": str(ports["mailpit-smtp"]),
             "AGENTLEDGER_DEMO_SMTP_CONTROL_PORT": str(ports["smtp-control"])}),
     ]
+    # Keycloak boots in ~25-75 s: it starts now, and only the MCP story waits for it.
+    # Its marker is an argument of both kc.sh and the JVM kc.sh may exec after a first start.
+    processes.start_command(opts.home, "keycloak", kc_command,
+                            f"--http-port={ports['keycloak']}", keycloak.environment(kc_password))
     processes.wait_ready(first, {"crm": processes.http_ok(f"{url['crm']}/readyz"),
                              "model": processes.http_ok(f"{url['model']}/healthz"),
                              "mailpit": processes.http_ok(f"{url['mailpit']}/api/v1/messages"),
@@ -216,6 +241,9 @@ def launch(opts: Options, step: Step, progress: Step = _quiet) -> World:
                         replication=common.kafka_replication_factor)
     envelope_keys = json.dumps({seed.ENVELOPE_KID: keys.envelope_public})
     session_keys = json.dumps({seed.SESSION_KID: keys.session_public})
+    # Ingress also accepts the sessions the MCP server signs for its OAuth callers.
+    ingress_keys = json.dumps({seed.SESSION_KID: keys.session_public,
+                               MCP_EXCHANGE_KID: exchange_public})
     slot = re.sub(r"[^a-z0-9_]", "_", tag.lower())[:63]
     group = {n: f"{tag}-{n}" for n in ("admission", "executor-crm", "executor-billing",
                                        "executor-email", "executor-crmhttp", "planner",
@@ -262,7 +290,7 @@ def launch(opts: Options, step: Step, progress: Step = _quiet) -> World:
             "AGENTLEDGER_PLANNER_PARTITIONS": PARTITIONS},
         "ingress": {
             "AGENTLEDGER_INGRESS_PORT": str(ports["ingress"]),
-            "AGENTLEDGER_INGRESS_SESSION_KEYS": session_keys,
+            "AGENTLEDGER_INGRESS_SESSION_KEYS": ingress_keys,
             "AGENTLEDGER_INGRESS_SESSION_ISSUER": seed.SESSION_ISSUER,
             "AGENTLEDGER_INGRESS_SESSION_AUDIENCE": seed.SESSION_AUDIENCE,
             "AGENTLEDGER_INGRESS_ENVELOPE_KEY": keys.envelope_private,
@@ -282,7 +310,8 @@ def launch(opts: Options, step: Step, progress: Step = _quiet) -> World:
             # Plain HTTP on localhost: a Secure cookie would never come back.
             "AGENTLEDGER_CONSOLE_COOKIE_SECURE": "false"},
         # agentledger mcp over streamable HTTP: the allowlisted actions as MCP tools, each
-        # call a proposal through ingress with the caller's session token.
+        # call a proposal through ingress. Callers bring Keycloak's access tokens (OAuth 2.1,
+        # this server their audience) or the project's session tokens.
         "mcp": {
             "AGENTLEDGER_MCP_TRANSPORT": "http",
             "AGENTLEDGER_MCP_PORT": str(ports["mcp"]),
@@ -293,7 +322,11 @@ def launch(opts: Options, step: Step, progress: Step = _quiet) -> World:
             "AGENTLEDGER_MCP_WAIT_S": MCP_WAIT_S,
             "AGENTLEDGER_MCP_SESSION_KEYS": session_keys,
             "AGENTLEDGER_MCP_SESSION_ISSUER": seed.SESSION_ISSUER,
-            "AGENTLEDGER_MCP_SESSION_AUDIENCE": seed.SESSION_AUDIENCE},
+            "AGENTLEDGER_MCP_SESSION_AUDIENCE": seed.SESSION_AUDIENCE,
+            "AGENTLEDGER_MCP_RESOURCE_URL": mcp_url,
+            "AGENTLEDGER_MCP_OAUTH_ISSUER": oauth_issuer,
+            "AGENTLEDGER_MCP_EXCHANGE_KEY": exchange_private,
+            "AGENTLEDGER_MCP_EXCHANGE_KID": MCP_EXCHANGE_KID},
     }
     for connector in ("crm", "billing", "crmhttp"):  # crmhttp: the CRM's API, declared
         env[f"executor-{connector}"] = {
@@ -351,6 +384,45 @@ def launch(opts: Options, step: Step, progress: Step = _quiet) -> World:
         console_url=url["console"], model_url=url["model"], acme=_tenant_json(acme),
         globex=_tenant_json(globex), tokens=tokens, home=str(opts.home),
         operator_env=operator_env, mailpit_url=url["mailpit"],
-        smtp_fault_url=url["smtp-control"], mcp_url=f"{url['mcp']}/mcp")
+        smtp_fault_url=url["smtp-control"], mcp_url=mcp_url, keycloak_url=url["keycloak"],
+        keycloak_admin=kc_password, oauth_issuer=oauth_issuer,
+        mcp_agent={"client_id": MCP_AGENT, "client_secret": secrets.token_urlsafe(24),
+                   "scope": keycloak.TOOLS_SCOPE, "tenant_id": str(acme.tenant_id),
+                   "principal": "user:alice"})
     world.save()
     return world
+
+
+def _keycloak_command(http_port: int, management_port: int) -> list[str]:
+    if not keycloak.installed():
+        raise stack.DemoError("Keycloak (the MCP story's authorization server) is not installed",
+                              "run: bash deploy/local/bootstrap.sh")
+    return keycloak.command(http_port, management_port)
+
+
+def seed_realm(world: World) -> None:
+    """Wait for the demo's Keycloak (started by :func:`launch`), then create its realm: one
+    confidential client, the MCP story's agent, whose service account is user:alice of Acme.
+
+    Raises:
+        stack.DemoError: Keycloak exited or did not answer in time.
+        httpx.HTTPStatusError: Keycloak refused the realm.
+    """
+    home = Path(world.home)
+
+    def up() -> bool:
+        running = {name: alive for name, _, alive in processes.recorded(home)}
+        if not running.get("keycloak"):
+            raise stack.DemoError("Keycloak exited during start-up",
+                                  f"read {home / 'logs' / 'keycloak.log'}")
+        return keycloak.answers(world.keycloak_url)
+
+    if not wait_until(up, timeout=keycloak.START_TIMEOUT_S, interval=0.5):
+        raise stack.DemoError(f"Keycloak did not answer in {keycloak.START_TIMEOUT_S:.0f} s",
+                              f"read {home / 'logs' / 'keycloak.log'}")
+    a = world.mcp_agent
+    agent = keycloak.Agent(a["client_id"], a["tenant_id"], a["principal"],
+                           roles=list(seed.PRINCIPALS[a["principal"]]),
+                           secret=a["client_secret"])
+    keycloak.Keycloak(world.keycloak_url, world.keycloak_admin).realm(REALM, world.mcp_url,
+                                                                      [agent])

@@ -8,6 +8,8 @@ client was told. Operation ids land in ``World.operations`` for the test to chec
 
 from __future__ import annotations
 
+import asyncio
+import re
 import urllib.parse
 import uuid
 from datetime import UTC, datetime
@@ -18,7 +20,10 @@ import httpx2
 from agentledger_email import deployment_domain
 from agentledger_email import message_id as email_message_id
 from mcp import Client
+from mcp.client.auth import TokenStorage
+from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from mcp_types import CallToolResult, RequestParamsMeta, TextContent
 from rich.console import Console
 from rich.markup import escape
@@ -27,7 +32,7 @@ from agentledger import client as gateway
 from agentledger.connectors import conformance, plugins
 from agentledger.mcp import idempotency
 from demo.adoption import DEPLOYMENT_ID, EMAIL_DOMAINS, HTTP_ACTION, http_declaration
-from demo.launch import World
+from demo.launch import World, seed_realm
 from demo.scenarios import OUTCOME_TIMEOUT_S, Story
 
 # What ends a command; the lost e-mail passes through `unknown` on its way to one of these.
@@ -151,23 +156,73 @@ def _answer(result: CallToolResult) -> dict[str, Any]:
     return result.structured_content
 
 
+class _Memory(TokenStorage):
+    """The SDK client's token storage, in memory (one story)."""
+
+    def __init__(self) -> None:
+        self.tokens: OAuthToken | None = None
+        self.client: OAuthClientInformationFull | None = None
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return self.tokens
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return self.client
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        self.client = client_info
+
+
+async def _unauthorized(w: World) -> tuple[int, str, list[str]]:
+    """What a caller without a token gets (status, resource_metadata of its challenge), and
+    the authorization servers that metadata names."""
+    async with httpx.AsyncClient(timeout=10) as http:
+        answer = await http.post(w.mcp_url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                                 headers={"Accept": "application/json, text/event-stream"})
+        challenge = answer.headers.get("www-authenticate", "")
+        found = re.search(r'resource_metadata="([^"]+)"', challenge)
+        servers: list[str] = []
+        if found:
+            metadata = (await http.get(found.group(1))).raise_for_status().json()
+            servers = [str(s) for s in metadata.get("authorization_servers", [])]
+    return answer.status_code, found.group(1) if found else "", servers
+
+
 async def mcp_client(s: Story) -> None:
     s.out.rule("[bold]7 · An MCP client: the allowlisted actions as tools")
     w = s.world
     token = w.tokens["user:alice"]
+    agent = w.mcp_agent
     s.say(f"[bold]agentledger mcp[/bold] serves the allowlisted actions as MCP tools at "
-          f"{w.mcp_url} (streamable HTTP). Each call is a proposal through ingress with the "
-          "caller's session token: admission, policy and the executor decide as before. An "
-          "MCP client (the official mcp SDK's) connects as user:alice with her token.")
+          f"{w.mcp_url} (streamable HTTP), an OAuth 2.1 resource server with Keycloak as its "
+          "authorization server. Each call is a proposal through ingress: admission, policy "
+          "and the executor decide as before. An MCP client (the official mcp SDK's) connects "
+          f"with no token, as agent {agent['client_id']} (Keycloak's client for user:alice).")
+    # Keycloak has booted while the stories above played; its realm is created now.
+    await asyncio.to_thread(seed_realm, w)
+    status, metadata_url, servers = await _unauthorized(w)
+    s.fact(f"without a token: HTTP {status}, its challenge names {metadata_url}, which names "
+           f"the authorization server {', '.join(servers) or '(none)'}")
+    storage = _Memory()
+    provider = ClientCredentialsOAuthProvider(
+        server_url=w.mcp_url, storage=storage, client_id=agent["client_id"],
+        client_secret=agent["client_secret"], issuer=w.oauth_issuer, scope=agent["scope"])
     arguments = {"customer_id": "c-1001", "body": "Ada prefers a call after 17:00",
                  "target": "c-1001"}
     # An open map in the SDK's types; the key is agentledger's (docs/mcp.md).
     meta = cast(RequestParamsMeta, {idempotency.META_KEY: MCP_KEY})
     answers: list[dict[str, Any]] = []
     first_text = ""
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
-                                  timeout=httpx2.Timeout(30, read=120)) as http, \
+    async with httpx2.AsyncClient(auth=provider, timeout=httpx2.Timeout(30, read=120)) as http, \
             Client(streamable_http_client(w.mcp_url, http_client=http)) as mcp:
+        granted = storage.tokens
+        s.fact("the SDK's client-credentials provider followed that 401 to Keycloak and got "
+               f"an access token (scope {granted and granted.scope}, "
+               f"{granted and granted.expires_in} s): the MCP server verified it and signs "
+               "ingress' session for user:alice itself")
         tools = sorted(t.name for t in (await mcp.list_tools()).tools)
         s.fact(f"tools/list for user:alice (role user): {', '.join(tools)}")
         s.say(f"It calls [bold]crm.note.create[/bold] for c-1001 with _meta "

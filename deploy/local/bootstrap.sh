@@ -5,13 +5,13 @@
 #   bootstrap.sh [demo]  what `make demo` and `make up` use: Java, Maven, PostgreSQL and
 #                        python3-venv (apt), the Python environment .venv (the package and its
 #                        connectors, no test tools), Kafka's jars (Maven Central), Mailpit
-#                        (built from its Go module)
+#                        (built from its Go module), Keycloak (Maven Central; the MCP
+#                        story's and the MCP OAuth tests' authorization server)
 #   bootstrap.sh dev     and the dev extras in .venv (pytest, ruff, mypy…): `make test-unit`,
 #                        `make lint`, `make chaos`
 #   bootstrap.sh test    and what the whole suite runs (`make test`): Debian's Chromium (browser
 #                        tier), curl and xz (Jaeger's probe and UI archive), kustomize and
-#                        kubeconform (deploy tier), Jaeger (the trace tests, `make traces`),
-#                        Keycloak (the MCP server's OAuth tests)
+#                        kubeconform (deploy tier), Jaeger (the trace tests, `make traces`)
 # AGENTLEDGER_EXTRAS adds extras (`make bench`: dev,bench).
 source "$(dirname "$0")/common.sh"
 HERE="$(dirname "$0")"
@@ -29,11 +29,12 @@ command -v mvn >/dev/null || missing+=(maven)
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
 command -v psql >/dev/null || missing+=(postgresql-client)
 python3 -c "import venv, ensurepip" 2>/dev/null || missing+=(python3-venv)
+# keycloak.sh fetches its archive with curl.
+command -v curl >/dev/null || missing+=(curl)
 if [ "$MODE" = test ]; then
   # The browser tests drive Debian's Chromium (never a downloaded browser build).
   [ -x /usr/bin/chromium ] || missing+=(chromium fonts-dejavu-core fonts-liberation)
-  # jaeger.sh: its health probe (curl) and its UI archive (tar -J needs xz).
-  command -v curl >/dev/null || missing+=(curl)
+  # jaeger.sh: its health probe (curl, above) and its UI archive (tar -J needs xz).
   command -v xz >/dev/null || missing+=(xz-utils)
   # The official TypeScript MCP SDK's client (tests/e2e/ts_client): Node >= 20 and npm.
   command -v node >/dev/null || missing+=(nodejs)
@@ -67,6 +68,11 @@ if ! bash "$HERE/mailpit.sh" installed; then
     bash "$HERE/mailpit.sh" install
   started+=(mailpit)
 fi
+if ! bash "$HERE/keycloak.sh" installed; then
+  step_start keycloak "Keycloak $(bash "$HERE/keycloak.sh" version) (the MCP story's OAuth server), from Maven Central" \
+    bash "$HERE/keycloak.sh" install
+  started+=(keycloak)
+fi
 if [ "$MODE" = test ]; then
   if ! bash "$HERE/gotools.sh" installed; then
     step_start gotools "kustomize and kubeconform, built from their Go modules" \
@@ -77,11 +83,6 @@ if [ "$MODE" = test ]; then
     step_start jaeger "Jaeger $(bash "$HERE/jaeger.sh" version), built from its Go module" \
       bash "$HERE/jaeger.sh" install
     started+=(jaeger)
-  fi
-  if ! bash "$HERE/keycloak.sh" installed; then
-    step_start keycloak "Keycloak $(bash "$HERE/keycloak.sh" version) (the MCP tests' OAuth server), from Maven Central" \
-      bash "$HERE/keycloak.sh" install
-    started+=(keycloak)
   fi
   # The TypeScript MCP client's SDK, at package-lock.json's versions (npm ci), in its own
   # directory: a stamp per lock file, so a changed lock reinstalls.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Keycloak: the real OAuth 2.1 authorization server the MCP server's resource-server side is
 # tested against (docs/mcp.md). The Quarkus distribution from Maven Central, unpacked into
-# .local/keycloak; tests start their own instance on free ports, bound to 127.0.0.1, with an
+# .local/keycloak; the demo and tests start their own instance on free ports, bound to 127.0.0.1, with an
 # in-memory database, and seed it through its admin API (tests/keycloak.py).
 #   keycloak.sh install     fetch and unpack it once (idempotent)
 #   keycloak.sh installed   succeed when this version is unpacked

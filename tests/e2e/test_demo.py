@@ -56,10 +56,11 @@ def _fresh_env(**extra: str) -> dict[str, str]:
 def demo() -> Iterator[Played]:
     local = Path(tempfile.mkdtemp(prefix="al-demo-"))
     local.chmod(0o755)  # initdb and postgres run as the `postgres` user when we are root
-    # What `make bootstrap` built for the checkout: Kafka's jars, Mailpit.
+    # What `make bootstrap` built for the checkout: Kafka's jars, Mailpit, Keycloak.
     (local / "kafka").mkdir()
     (local / "kafka" / "libs").symlink_to(ROOT / ".local" / "kafka" / "libs")
     (local / "bin").symlink_to(ROOT / ".local" / "bin")
+    (local / "keycloak").symlink_to(ROOT / ".local" / "keycloak")
     ports = processes.free_ports({"pg": None, "standby": None, "kafka": None, "controller": None})
     stack_env = {"AGENTLEDGER_LOCAL_DIR": str(local), "AGENTLEDGER_PG_PORT": str(ports["pg"]),
                  "AGENTLEDGER_PG_STANDBY_PORT": str(ports["standby"]),
@@ -254,6 +255,13 @@ def test_an_mcp_client_retrying_one_call_is_one_operation_and_one_note(demo: Pla
     notes = [e for e in effects(world, world.acme, "note.created") if e["idempotency_key"] == op]
     assert len(notes) == 1
     assert f"3 calls, statuses succeeded, succeeded, succeeded; 1 operation id {op}" in out
+    # The client came with no token: the 401 named the metadata, the metadata named the demo's
+    # Keycloak, and the SDK's client-credentials provider got its token there.
+    assert world.oauth_issuer.startswith("http://127.0.0.1:") and world.mcp_agent["client_id"]
+    metadata = world.mcp_url.replace("/mcp", "/.well-known/oauth-protected-resource/mcp")
+    assert f"without a token: HTTP 401, its challenge names {metadata}" in out
+    assert f"which names the authorization server {world.oauth_issuer}" in out
+    assert "got an access token (scope agentledger:tools" in out
     assert f"operation {op} took effect; receipt {receipt}" in out
 
 

@@ -37,12 +37,21 @@ INSTALL = "bash deploy/local/keycloak.sh install (make test runs it)"
 TOOLS_SCOPE = "agentledger:tools"
 
 
+def _home() -> Path:
+    local = Path(os.environ.get("AGENTLEDGER_LOCAL_DIR") or settings.REPO_ROOT / ".local")
+    return Path(os.environ.get("AGENTLEDGER_KEYCLOAK_HOME")
+                or local / "keycloak" / f"keycloak-{VERSION}")
+
+
+def installed() -> bool:
+    """Whether ``deploy/local/keycloak.sh install`` has unpacked it."""
+    return (_home() / "bin" / "kc.sh").is_file()
+
+
 def home() -> Path:
     """Unpacked by ``deploy/local/keycloak.sh install``."""
-    local = Path(os.environ.get("AGENTLEDGER_LOCAL_DIR") or settings.REPO_ROOT / ".local")
-    found = Path(os.environ.get("AGENTLEDGER_KEYCLOAK_HOME")
-                 or local / "keycloak" / f"keycloak-{VERSION}")
-    assert (found / "bin" / "kc.sh").is_file(), f"{found}/bin/kc.sh is missing: {INSTALL}"
+    found = _home()
+    assert installed(), f"{found}/bin/kc.sh is missing: {INSTALL}"
     return found
 
 
@@ -236,6 +245,28 @@ def _public_client(client: PublicClient, resource: str) -> dict[str, Any]:
     }
 
 
+def command(http_port: int, management_port: int) -> list[str]:
+    """The command line of a dev-mode Keycloak (in-memory database) on 127.0.0.1."""
+    return [str(home() / "bin" / "kc.sh"), "start-dev", "--http-host=127.0.0.1",
+            f"--http-port={http_port}", f"--http-management-port={management_port}",
+            "--db=dev-mem", "--health-enabled=false", "--metrics-enabled=false"]
+
+
+def environment(admin_password: str) -> dict[str, str]:
+    """Its bootstrap admin, and a bounded heap: it shares a 2-core box with Kafka, Postgres
+    and the services."""
+    return {"KC_BOOTSTRAP_ADMIN_USERNAME": "admin", "KC_BOOTSTRAP_ADMIN_PASSWORD": admin_password,
+            "JAVA_OPTS_KC_HEAP": "-Xms64m -Xmx512m"}
+
+
+def answers(base_url: str) -> bool:
+    """Whether the Keycloak at ``base_url`` serves its master realm (it is up)."""
+    try:
+        return httpx.get(f"{base_url}/realms/master", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 @contextmanager
 def running() -> Iterator[Keycloak]:
     """A Keycloak of its own (dev mode, in-memory database), stopped after."""
@@ -244,25 +275,16 @@ def running() -> Iterator[Keycloak]:
     with tempfile.TemporaryDirectory(prefix="al-keycloak-") as tmp:
         log_path = Path(tmp) / "keycloak.log"
         log = open(log_path, "wb")
-        env = {**os.environ, "KC_BOOTSTRAP_ADMIN_USERNAME": "admin",
-               "KC_BOOTSTRAP_ADMIN_PASSWORD": password,
-               # Bounded heap: it shares a 2-core box with Kafka, Postgres and the services.
-               "JAVA_OPTS_KC_HEAP": "-Xms64m -Xmx512m"}
         proc = subprocess.Popen(  # noqa: S603 (our own install of it)
-            [str(home() / "bin" / "kc.sh"), "start-dev", "--http-host=127.0.0.1",
-             f"--http-port={ports['http']}", f"--http-management-port={ports['management']}",
-             "--db=dev-mem", "--health-enabled=false", "--metrics-enabled=false"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            command(ports["http"], ports["management"]),
+            env={**os.environ, **environment(password)}, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
         found = Keycloak(f"http://127.0.0.1:{ports['http']}", password)
         try:
             def ready() -> bool:
                 if proc.poll() is not None:
                     return True  # reported below
-                try:
-                    return httpx.get(f"{found.base_url}/realms/master", timeout=5
-                                     ).status_code == 200
-                except httpx.HTTPError:
-                    return False
+                return answers(found.base_url)
             up = wait_until(ready, timeout=START_TIMEOUT_S, interval=0.5)
             assert up and proc.poll() is None, (
                 "Keycloak did not answer:\n" + log_path.read_text(errors="replace")[-4000:])
