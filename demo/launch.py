@@ -201,7 +201,7 @@ def launch(opts: Options, step: Step, progress: Step = _quiet) -> World:
         ledger_url, ("admission", "executor", "reconciler", "relay", "console", "ingress",
                      "mcp")))
 
-    step("starting the CRM stand-in, the fake model, Mailpit (SMTP) and Keycloak (OAuth)")
+    step("starting the CRM stand-in, the fake model, Mailpit (SMTP) and Keycloak")
     shutil.rmtree(opts.home / "mailpit", ignore_errors=True)  # the previous run's messages
     (opts.home / "mailpit").mkdir(parents=True)
     first = [
