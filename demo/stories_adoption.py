@@ -20,10 +20,8 @@ import httpx2
 from agentledger_email import deployment_domain
 from agentledger_email import message_id as email_message_id
 from mcp import Client
-from mcp.client.auth import TokenStorage
 from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from mcp_types import CallToolResult, RequestParamsMeta, TextContent
 from rich.console import Console
 from rich.markup import escape
@@ -31,6 +29,7 @@ from rich.markup import escape
 from agentledger import client as gateway
 from agentledger.connectors import conformance, plugins
 from agentledger.mcp import idempotency
+from agentledger.testing import keycloak
 from demo.adoption import DEPLOYMENT_ID, EMAIL_DOMAINS, HTTP_ACTION, http_declaration
 from demo.launch import World, seed_realm
 from demo.scenarios import OUTCOME_TIMEOUT_S, Story
@@ -156,26 +155,6 @@ def _answer(result: CallToolResult) -> dict[str, Any]:
     return result.structured_content
 
 
-class _Memory(TokenStorage):
-    """The SDK client's token storage, in memory (one story)."""
-
-    def __init__(self) -> None:
-        self.tokens: OAuthToken | None = None
-        self.client: OAuthClientInformationFull | None = None
-
-    async def get_tokens(self) -> OAuthToken | None:
-        return self.tokens
-
-    async def set_tokens(self, tokens: OAuthToken) -> None:
-        self.tokens = tokens
-
-    async def get_client_info(self) -> OAuthClientInformationFull | None:
-        return self.client
-
-    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
-        self.client = client_info
-
-
 async def _unauthorized(w: World) -> tuple[int, str, list[str]]:
     """What a caller without a token gets (status, resource_metadata of its challenge), and
     the authorization servers that metadata names."""
@@ -206,7 +185,7 @@ async def mcp_client(s: Story) -> None:
     status, metadata_url, servers = await _unauthorized(w)
     s.fact(f"without a token: HTTP {status}, its challenge names {metadata_url}, which names "
            f"the authorization server {', '.join(servers) or '(none)'}")
-    storage = _Memory()
+    storage = keycloak.MemoryTokens()
     provider = ClientCredentialsOAuthProvider(
         server_url=w.mcp_url, storage=storage, client_id=agent["client_id"],
         client_secret=agent["client_secret"], issuer=w.oauth_issuer, scope=agent["scope"])

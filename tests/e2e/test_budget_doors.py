@@ -23,6 +23,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from agentledger import client as client_mod
+from agentledger import logins
 from agentledger.mcp import runs
 from agentledger.policy import cedar
 from agentledger.testing import processes
@@ -71,6 +72,8 @@ def doors(stack: Stack, database_url: str, make_database: Callable[[], str],
                "AGENTLEDGER_MCP_SESSION_ISSUER": p.sessions.issuer,
                "AGENTLEDGER_MCP_SESSION_AUDIENCE": p.sessions.audience,
                "AGENTLEDGER_POLICY_DIR": str(config / "policies"),
+               # Its own login (agentledger_auditor): the directory and the ledger, read only.
+               "AGENTLEDGER_DATABASE_URL": logins.url_for(p.database_url, "mcp"),
                "AGENTLEDGER_MCP_TRANSPORT": "http", "AGENTLEDGER_MCP_PORT": str(port)}
         with processes.running("agentledger.mcp", env, logs / "mcp.log",
                                ready=processes.http_ok(f"http://127.0.0.1:{port}/healthz")):

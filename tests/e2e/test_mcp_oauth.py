@@ -38,7 +38,7 @@ import mcp_types as types
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from mcp import Client
-from mcp.client.auth import OAuthClientProvider, TokenStorage
+from mcp.client.auth import OAuthClientProvider
 from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import (
@@ -127,33 +127,13 @@ def world(stack: Stack, database_url: str, make_database: Callable[[], str], kc:
             yield World(p, url, realm, redirect_uri)
 
 
-class Memory(TokenStorage):
-    """The SDK client's token storage, in memory."""
-
-    def __init__(self) -> None:
-        self.tokens: OAuthToken | None = None
-        self.client: OAuthClientInformationFull | None = None
-
-    async def get_tokens(self) -> OAuthToken | None:
-        return self.tokens
-
-    async def set_tokens(self, tokens: OAuthToken) -> None:
-        self.tokens = tokens
-
-    async def get_client_info(self) -> OAuthClientInformationFull | None:
-        return self.client
-
-    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
-        self.client = client_info
-
-
 @asynccontextmanager
 async def _oauth_client(w: World, client_id: str, mode: str = "auto") -> AsyncIterator[Client]:
     """The SDK's client with the SDK's client-credentials provider: no token given, it finds
     the authorization server from the 401 and asks it."""
     agent = w.realm.agents[client_id]
     provider = ClientCredentialsOAuthProvider(
-        server_url=w.url, storage=Memory(), client_id=agent.client_id,
+        server_url=w.url, storage=keycloak.MemoryTokens(), client_id=agent.client_id,
         client_secret=agent.secret, issuer=w.realm.issuer, scope=SCOPE)
     async with httpx2.AsyncClient(auth=provider, timeout=httpx2.Timeout(30, read=120)) as http, \
             Client(streamable_http_client(w.url, http_client=http), mode=mode) as mcp:
@@ -581,7 +561,7 @@ def test_a_person_signs_in_through_keycloaks_login_page_with_pkce_and_calls_as_t
                     [found] = callback.answers
                     return AuthorizationCodeResult(code=found["code"], state=found.get("state"),
                                                    iss=found.get("iss"))
-                storage = Memory()
+                storage = keycloak.MemoryTokens()
                 # Pre-registered (Keycloak's registration needs an initial access token): the
                 # public client, no secret.
                 storage.client = OAuthClientInformationFull(

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from mcp.client.auth import TokenStorage
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
 from agentledger import settings
 from agentledger.testing.polling import wait_until
@@ -292,3 +294,24 @@ def running() -> Iterator[Keycloak]:
         finally:
             terminate(proc, grace=30)
             log.close()
+
+
+class MemoryTokens(TokenStorage):
+    """The MCP SDK client's token storage, in memory: one client's tokens and registration
+    (the demo's story and the OAuth tests each hold one per client)."""
+
+    def __init__(self) -> None:
+        self.tokens: OAuthToken | None = None
+        self.client: OAuthClientInformationFull | None = None
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return self.tokens
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return self.client
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        self.client = client_info
