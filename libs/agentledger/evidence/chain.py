@@ -80,7 +80,15 @@ async def verify_chain(conn: ledger.Conn, tenant_id: UUID,
             raise _broken(f"log position {expected}", "out of seq order (reordered)")
         prev_seq = int(r["seq"])
         leaves.append(bytes(r["leaf_hash"]))
-    # 2. rows against positions
+    # 2. rows against positions. Two rows at one seq (the column is an identity, so only a
+    # hand can put them there) are named as such first: which of the two the scan meets
+    # first is the server's choice, and the report must not depend on it.
+    seqs: set[int] = set()
+    for r in covered:
+        if int(r["seq"]) in seqs:
+            raise _broken(f"audit row seq {r['seq']}",
+                          "a second row at one position: a row the log never held (inserted)")
+        seqs.add(int(r["seq"]))
     for i, r in enumerate(log_rows):
         seq = int(r["seq"])
         row = covered[i] if i < len(covered) else None
