@@ -14,11 +14,13 @@ revision did run, and must not be told it was stale.
 
 from __future__ import annotations
 
+import contextvars
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 import asyncpg
 from opentelemetry.trace import get_tracer
@@ -30,8 +32,9 @@ from agentledger.budgets import rules as operator_budgets
 from agentledger.contracts import admission as admission_contract
 from agentledger.contracts import common, outcomes
 from agentledger.contracts.proposals import ProposalV1
-from agentledger.ledger import groupcommit, keys, repository
+from agentledger.ledger import admitbatch, batchcommit, groupcommit, keys, repository
 from agentledger.policy import allowlist as allowlist_mod
+from agentledger.policy import cedar
 from agentledger.policy import decision as decision_mod
 from agentledger.policy import repository as policy_repo
 from agentledger.resources import Resolver
@@ -58,6 +61,27 @@ class _Checked:
     spec: allowlist_mod.ActionSpec
     arguments: dict[str, Any]
     workflow_id: str | None
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A proposal past every check before the policy: what its transaction decides on."""
+
+    proposal: ProposalV1
+    checked: _Checked
+    request_hash: bytes
+    trace: common.TraceContext | None
+    # The admission span's context: a batch's per-item spans are its children.
+    context: contextvars.Context
+
+
+@dataclass(frozen=True)
+class _Batchable:
+    """An allowed command the batch's one statement may admit (``admitbatch``)."""
+
+    row: admitbatch.Allowed
+    decision: decision_mod.Decision
+    record: Callable[[repository.Conn], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -98,10 +122,18 @@ class Admitter:
     # Admission transactions of one tenant that overlap share one COMMIT (group commit);
     # None: one over ``pool`` with the default bounds.
     group: groupcommit.GroupCommit | None = None
+    # Admission transactions of one tenant that overlap are ONE transaction with one
+    # principal read and one admitting statement for all of them (issue 41 §2); a lone
+    # proposal, and each of a batch that fell back, takes the per-row path (``group``).
+    batch_size: int = batchcommit.MAX_BATCH
     _group: groupcommit.GroupCommit = field(init=False, repr=False)
+    batches: batchcommit.BatchCommit[_Prepared, _Decided] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._group = self.group or groupcommit.GroupCommit(self.pool)
+        self.batches = batchcommit.BatchCommit(
+            self.pool, body=self._decide_batch, alone=self._decide_alone,
+            max_batch=self.batch_size)
 
     async def admit(
         self, proposal: ProposalV1, *, trace: common.TraceContext | None = None
@@ -170,53 +202,8 @@ class Admitter:
             async with self.pool.acquire() as conn:
                 await self.cipher.warm(conn, proposal.tenant_id)
 
-        async def decide(conn: repository.Conn) -> _Decided:
-            # One transaction decides and, when allowed, opens and reserves the budget,
-            # admits, records the decision and settles the reservation: the budget stays
-            # exact (the reservation and the admission commit or roll back together) and a
-            # refusal's audit event commits with nothing else. Overlapping proposals of the
-            # tenant share its COMMIT (group commit; one's refusal never aborts another's).
-            async with repository.transaction(conn, proposal.tenant_id) as tx:
-                decision = await self._authorize(tx, proposal, spec, arguments)
-
-                async def record(tx: repository.Conn) -> None:
-                    await policy_repo.record_decision(
-                        tx, decision, tenant_id=proposal.tenant_id,
-                        principal_id=proposal.principal_id, action=spec.name,
-                        resource_id=proposal.target, operation_id=proposal.operation_id)
-
-                if decision.effect == "deny":
-                    await record(tx)
-                    return _Decided(decision, record, refused=errors.PolicyDenied(
-                        decision.reason))
-                ciphertext, key_version = await self.cipher.encrypt(
-                    tx, proposal.tenant_id, proposal.operation_id,
-                    canonical.canonical_bytes(arguments))
-                approval = decision.effect != "allow"  # require_approval
-                # The command, built once: admitted now, or held by the approval request.
-                command = repository.NewCommand(
-                    tenant_id=proposal.tenant_id, operation_id=proposal.operation_id,
-                    request_hash=request_hash, principal_id=proposal.principal_id,
-                    action=spec.name, connector=spec.connector, resource_id=proposal.target,
-                    expected_revision=proposal.expected_revision,
-                    decision_id=decision.decision_id, policy_version=decision.policy_version,
-                    allowlist_version=self.allowlist.version,
-                    expires_at=_now() + (self.approval_ttl if approval else self.decision_ttl),
-                    payload_ciphertext=ciphertext, payload_key_version=key_version,
-                    traceparent=trace.traceparent if trace else None,
-                    tracestate=trace.tracestate if trace else None)
-                charges = self._charges(proposal, spec, checked)
-                if approval:
-                    return _Decided(decision, record, pending=command, charges=charges,
-                                    quorum=self.approval_rules.quorum(spec.name, arguments))
-                found = await self._admit_allowed(
-                    tx, proposal, spec, checked.workflow_id, command, decision, record, charges)
-                if isinstance(found, errors.BudgetExhausted):
-                    return _Decided(decision, record, refused=found)
-                await faults.point("admission.before_commit")
-                return _Decided(decision, record, admitted=found)
-
-        decided = await self._group.run(proposal.tenant_id, decide)
+        prep = _Prepared(proposal, checked, request_hash, trace, contextvars.copy_context())
+        decided = await self.batches.run(proposal.tenant_id, prep)
         base |= {"decision_id": decided.decision.decision_id,
                  "policy_version": decided.decision.policy_version}
         if decided.refused is not None:
@@ -235,6 +222,138 @@ class Admitter:
         return AdmissionResultV1(
             **base, status=admitted.status, state=admitted.recorded.state,
             outcome=recorded_outcome(admitted.recorded, proposal), decided_at=_now())
+
+    async def _decide_alone(self, prep: _Prepared) -> _Decided:
+        """One proposal's transaction, per row: its principal read, Cedar, its writes (a
+        deadlock victim runs again, bounded, as ``groupcommit`` runs a unit alone)."""
+
+        async def decide(conn: repository.Conn) -> _Decided:
+            # One transaction decides and, when allowed, spends the budget, admits and
+            # records the decision: the budget stays exact (spend and admission commit or
+            # roll back together) and a refusal's audit event commits with nothing else.
+            proposal = prep.proposal
+            async with repository.transaction(conn, proposal.tenant_id) as tx:
+                decision = await self._authorize(tx, proposal, prep.checked.spec,
+                                                 prep.checked.arguments)
+                decided = await self._decide_in(tx, prep, decision)
+                assert isinstance(decided, _Decided)
+                await faults.point("admission.before_commit")
+                return decided
+
+        # Alone, not grouped: a lone proposal is one transaction anyway (one batch of a
+        # tenant is in its transaction at a time), and one whose batch fell back must meet its
+        # failure once, not again in a group.
+        return await self._group.run_alone(decide)
+
+    async def _decide_batch(self, tx: repository.Conn, preps: Sequence[_Prepared]
+                            ) -> list[_Decided]:
+        """The transaction of a batch of one tenant's proposals (``batchcommit``): one
+        statement reads every principal (before Cedar, as per row), one admits every allowed
+        command that is new and has budget room; the rest (a denial's record, a replay, a
+        budget without room for the batch, the operator's budgets) take the per-row
+        statements inside the same transaction."""
+        tenant_id = preps[0].proposal.tenant_id
+        found = await policy_repo.lookup_principals(
+            tx, tenant_id, (p.proposal.principal_id for p in preps))
+        out: list[_Decided | None] = [None] * len(preps)
+        allowed: dict[UUID, tuple[int, _Batchable]] = {}
+        again: list[tuple[int, _Batchable]] = []  # a key twice in the batch: after the first
+        for i, prep in enumerate(preps):
+            decision = prep.context.run(
+                self._authorize_known, found.get(prep.proposal.principal_id), prep)
+            decided = await self._decide_in(tx, prep, decision, batchable=True)
+            if not isinstance(decided, _Batchable):
+                out[i] = decided
+            elif prep.proposal.operation_id in allowed:
+                again.append((i, decided))
+            else:
+                allowed[prep.proposal.operation_id] = (i, decided)
+        if allowed:
+            answers = await admitbatch.admit_allowed_batch(
+                tx, tenant_id, [b.row for _, b in allowed.values()],
+                tool_call_limit=self.budget_limits.get("tool_calls"))
+            for (i, b), answer in zip(allowed.values(), answers, strict=True):
+                if answer is not None:
+                    out[i] = _Decided(b.decision, b.record, admitted=answer)
+                else:  # a replay, a conflict, no budget room for the batch: per row
+                    again.append((i, b))
+        for i, b in sorted(again, key=lambda pair: pair[0]):
+            out[i] = await self._admit_row(tx, preps[i], b)
+        await faults.point("admission.before_commit")
+        return [d for d in out if d is not None]
+
+    async def _decide_in(self, tx: repository.Conn, prep: _Prepared,
+                         decision: decision_mod.Decision, *, batchable: bool = False,
+                         ) -> _Decided | _Batchable:
+        """What the decision means inside the proposal's transaction: a denial recorded, a
+        command sealed for approval, or admitted (``batchable``: an allowed command the
+        batch's statement can admit is handed back instead)."""
+        proposal, spec, arguments = prep.proposal, prep.checked.spec, prep.checked.arguments
+
+        async def record(tx: repository.Conn) -> None:
+            await policy_repo.record_decision(
+                tx, decision, tenant_id=proposal.tenant_id,
+                principal_id=proposal.principal_id, action=spec.name,
+                resource_id=proposal.target, operation_id=proposal.operation_id)
+
+        if decision.effect == "deny":
+            await record(tx)
+            return _Decided(decision, record, refused=errors.PolicyDenied(decision.reason))
+        ciphertext, key_version = await self.cipher.encrypt(
+            tx, proposal.tenant_id, proposal.operation_id, canonical.canonical_bytes(arguments))
+        approval = decision.effect != "allow"  # require_approval
+        trace = prep.trace
+        # The command, built once: admitted now, or held by the approval request.
+        command = repository.NewCommand(
+            tenant_id=proposal.tenant_id, operation_id=proposal.operation_id,
+            request_hash=prep.request_hash, principal_id=proposal.principal_id,
+            action=spec.name, connector=spec.connector, resource_id=proposal.target,
+            expected_revision=proposal.expected_revision,
+            decision_id=decision.decision_id, policy_version=decision.policy_version,
+            allowlist_version=self.allowlist.version,
+            expires_at=_now() + (self.approval_ttl if approval else self.decision_ttl),
+            payload_ciphertext=ciphertext, payload_key_version=key_version,
+            traceparent=trace.traceparent if trace else None,
+            tracestate=trace.tracestate if trace else None)
+        charges = self._charges(proposal, spec, prep.checked)
+        if approval:
+            return _Decided(decision, record, pending=command, charges=charges,
+                            quorum=self.approval_rules.quorum(spec.name, arguments))
+        workflow_id = prep.checked.workflow_id
+        if batchable and charges is None and not set(self.budget_limits) - {"tool_calls"}:
+            budgeted = workflow_id is not None and "tool_calls" in self.budget_limits
+            return _Batchable(admitbatch.Allowed(
+                command, workflow_id if budgeted else None, _proposal_audit(proposal, spec),
+                json.dumps(list(getattr(decision, "reasons", ()))), decision.reason),
+                decision, record)
+        found = await self._admit_allowed(
+            tx, proposal, spec, workflow_id, command, decision, record, charges)
+        if isinstance(found, errors.BudgetExhausted):
+            return _Decided(decision, record, refused=found)
+        return _Decided(decision, record, admitted=found)
+
+    async def _admit_row(self, tx: repository.Conn, prep: _Prepared, b: _Batchable
+                         ) -> _Decided:
+        """The per-row general path for a command the batch's statement wrote nothing for."""
+        found = await self._admit_allowed(
+            tx, prep.proposal, prep.checked.spec, prep.checked.workflow_id, b.row.command,
+            b.decision, b.record, None, fast=False)
+        if isinstance(found, errors.BudgetExhausted):
+            return _Decided(b.decision, b.record, refused=found)
+        return _Decided(b.decision, b.record, admitted=found)
+
+    def _authorize_known(self, found: cedar.Principal | None, prep: _Prepared
+                         ) -> decision_mod.Decision:
+        """:meth:`_authorize` with the principal read by the batch's one statement."""
+        proposal, spec = prep.proposal, prep.checked.spec
+        with spans.span(tracer, "authorization", attributes={spans.STAGE: "admission"}) as authz:
+            decision = self.authorizer.authorize_known(
+                found, tenant_id=proposal.tenant_id, principal_id=proposal.principal_id,
+                action=spec, resource_id=proposal.target, arguments=prep.checked.arguments)
+            authz.set_attributes({spans.EFFECT: decision.effect,
+                                  spans.POLICY_VERSION: decision.policy_version})
+        telemetry_metrics.authorizations.add(1, stage="admission", outcome=decision.effect)
+        return decision
 
     async def _authorize(
         self, tx: repository.Conn, proposal: ProposalV1, spec: allowlist_mod.ActionSpec,
@@ -255,24 +374,26 @@ class Admitter:
         workflow_id: str | None, command: repository.NewCommand,
         decision: decision_mod.Decision,
         record: Callable[[repository.Conn], Awaitable[None]], charges: str | None = None,
+        *, fast: bool = True,
     ) -> repository.AdmitResult | errors.BudgetExhausted:
         """Inside the caller's transaction: spend one tool call of the request's budget
         (R7.2) and admit, with the decision, in one statement (issue 41); a replay, a
         conflict or a budget without room take the general path: reserve, admit, record the
         decision, and spend the tool call only on the first admission (a replay or conflict
-        releases it)."""
+        releases it). ``fast=False``: straight to the general path (the batch's statement
+        already wrote nothing for this command)."""
         budgeted = workflow_id is not None and "tool_calls" in self.budget_limits
-        if not set(self.budget_limits) - {"tool_calls"}:
-            fast = await repository.admit_allowed(
+        if fast and not set(self.budget_limits) - {"tool_calls"}:
+            one = await repository.admit_allowed(
                 tx, command, workflow_id=workflow_id if budgeted else None,
                 tool_call_limit=self.budget_limits.get("tool_calls") if budgeted else None,
                 audit=_proposal_audit(proposal, spec),
                 decision_reasons=json.dumps(list(getattr(decision, "reasons", ()))),
                 decision_reason=decision.reason, charges=charges)
-            if isinstance(fast, repository.BudgetRefused):
-                return budget_refusal(fast.budget)
-            if fast is not None:
-                return fast
+            if isinstance(one, repository.BudgetRefused):
+                return budget_refusal(one.budget)
+            if one is not None:
+                return one
         reservation = None
         if workflow_id is not None and "tool_calls" in self.budget_limits:
             await budgets.open_in(tx, proposal.tenant_id, workflow_id, self.budget_limits, None)

@@ -64,6 +64,7 @@ class AdmissionService:
         producer = confluent_kafka.Producer(
             batch.producer_config(cfg.kafka_bootstrap, client_id="agentledger-admission"))
         commits = groupcommit.GroupCommit(pool)
+        admitter: admission.Admitter | None = None
         try:
             connect = batch.connector(batch.consumer_config(
                 cfg.kafka_bootstrap, group_id=cfg.group_id,
@@ -89,6 +90,8 @@ class AdmissionService:
             ).run(running.stop)
         finally:
             commits.log_stats()
+            if admitter is not None:
+                admitter.batches.log_stats()
             await asyncio.to_thread(producer.flush, 10)
             await resolver.aclose()
 

@@ -149,8 +149,9 @@ async def test_proposals_admitted_in_one_group_commit_each_get_their_own_answer(
     assert [(a.status, a.reason_code) for a in answers] == [
         ("admitted", None), ("rejected", "budget_exhausted"), ("admitted", None),
         ("replayed", None), ("conflict", "idempotency_conflict"), ("rejected", "policy_denied")]
-    assert (admitter._group.stats.groups, admitter._group.stats.grouped_units,
-            admitter._group.stats.fallbacks) == (1, 6, 0)
+    # Issue 41 §2: the six are one batch (one transaction, set-based), none fell back.
+    assert (admitter.batches.stats.batches, admitter.batches.stats.batched_items,
+            admitter.batches.stats.fallbacks) == (1, 6, 0)
     admin = await asyncpg.connect(database_url)
     try:
         commands = await admin.fetch("SELECT operation_id FROM agent_command WHERE tenant_id = $1",

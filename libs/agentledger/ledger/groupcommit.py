@@ -113,6 +113,11 @@ class GroupCommit:
         # that committed is as durable as one whose caller crashed after the commit.
         return await done
 
+    async def run_alone(self, unit: Unit[R]) -> R:
+        """Run ``unit`` in a transaction of its own, never grouped (a unit that already
+        failed in a batch: grouping it again would meet its failure once more)."""
+        return await self._alone(unit)
+
     async def _lead(self) -> None:
         try:
             while (taken := self._take()) is not None:

@@ -391,12 +391,6 @@ async def admit_allowed(
     without room answers :class:`BudgetRefused` naming it (its ``budget.exhausted`` audit
     event is written; the tool call is given back).
     """
-    payload = {"operation_id": str(cmd.operation_id), "principal_id": cmd.principal_id,
-               "action": cmd.action, "connector": cmd.connector,
-               "submitted_hash": cmd.request_hash.hex(), "recorded_hash": cmd.request_hash.hex(),
-               "state": "pending", "decision_id": str(cmd.decision_id),
-               "policy_version": cmd.policy_version, "allowlist_version": cmd.allowlist_version,
-               **audit}
     budgeted = workflow_id is not None and tool_call_limit is not None
     row = await tx.fetchrow(
         Q["admit_allowed"],
@@ -405,19 +399,36 @@ async def admit_allowed(
         cmd.policy_version, cmd.allowlist_version, cmd.expires_at, cmd.payload_ciphertext,
         cmd.payload_key_version, cmd.traceparent, cmd.tracestate,
         workflow_id if budgeted else None, tool_call_limit if budgeted else None,
-        event_json(payload), decision_reasons, decision_reason, charges)
+        admitted_audit_json(cmd, audit), decision_reasons, decision_reason, charges)
     assert row is not None
     if row["created_at"] is not None:
-        return AdmitResult("admitted", Recorded(
-            request_hash=cmd.request_hash, state="pending", provider_receipt=None,
-            outcome_reason=None, action=cmd.action, connector=cmd.connector,
-            resource_id=cmd.resource_id, created_at=row["created_at"], finished_at=None,
-            payload_purged=False))
+        return admitted_now(cmd, row["created_at"])
     if row["spent"]:
         await tx.execute(Q["give_back_tool_call"], cmd.tenant_id, workflow_id)
     if row["refused_by"] is not None:
         return BudgetRefused(row["refused_by"])
     return None
+
+
+def admitted_audit_json(cmd: NewCommand, audit: Mapping[str, Any]) -> str:
+    """The ``command.admitted`` audit payload of a first admission by the one-statement paths
+    (``admit_allowed``, ``admitbatch``): what :func:`admit_in` writes for it, as JSON."""
+    return event_json({
+        "operation_id": str(cmd.operation_id), "principal_id": cmd.principal_id,
+        "action": cmd.action, "connector": cmd.connector,
+        "submitted_hash": cmd.request_hash.hex(), "recorded_hash": cmd.request_hash.hex(),
+        "state": "pending", "decision_id": str(cmd.decision_id),
+        "policy_version": cmd.policy_version, "allowlist_version": cmd.allowlist_version,
+        **audit})
+
+
+def admitted_now(cmd: NewCommand, created_at: datetime) -> AdmitResult:
+    """The result of a first admission a one-statement path wrote (no read-back needed)."""
+    return AdmitResult("admitted", Recorded(
+        request_hash=cmd.request_hash, state="pending", provider_receipt=None,
+        outcome_reason=None, action=cmd.action, connector=cmd.connector,
+        resource_id=cmd.resource_id, created_at=created_at, finished_at=None,
+        payload_purged=False))
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,7 @@ class Authorizer(Protocol):
     def authorize_known(
         self, found: Principal | None, *, tenant_id: UUID, principal_id: str,
         action: allowlist_mod.ActionSpec, resource_id: str,
+        arguments: Mapping[str, object] | None = None,
     ) -> Decision:
         """``authorize`` with the principal as the caller's statement just read it (None:
         no such principal in the tenant)."""

@@ -8,6 +8,12 @@ SELECT tenant_id, principal_id, roles, revoked_at IS NOT NULL AND revoked_at <= 
 FROM principal
 WHERE tenant_id = $1 AND principal_id = $2;
 
+-- name: lookup_principals --
+-- `lookup_principal` for every principal of an admission batch ($2) in one statement.
+SELECT tenant_id, principal_id, roles, revoked_at IS NOT NULL AND revoked_at <= now() AS revoked
+FROM principal
+WHERE tenant_id = $1 AND principal_id = ANY($2::text[]);
+
 -- name: put_principal --
 -- Create a principal or replace its roles; un-revokes it (a deliberate reinstatement).
 INSERT INTO principal (tenant_id, principal_id, roles)
