@@ -284,6 +284,13 @@ class ApprovalMismatch(ValidationFailed):
     code = "approval_mismatch"
 
 
+class NarrowingRefused(ValidationFailed):
+    """The edit is not a narrowing the action declares (a larger amount, an added item, a
+    change to a field that may not narrow): nothing was changed."""
+
+    code = "narrowing_refused"
+
+
 # --- relay (R3.5, R8.2) --------------------------------------------------------------------
 
 
