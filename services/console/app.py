@@ -15,8 +15,10 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from starlette.exceptions import HTTPException
 
 from agentledger import crypto, db, errors, web
+from agentledger import settings as shared
 from agentledger.ledger import keys
 from agentledger.policy import allowlist
+from agentledger.policy import check as policy_check
 from agentledger.policy import repository as policy_repo
 from agentledger.resources import crm_client
 from agentledger.services.console import answers, api, auth, pages, review
@@ -113,11 +115,17 @@ def create_app(settings: ConsoleSettings | None = None) -> FastAPI:
         audit_pool = await db.create_pool(cfg.database_url, role="agentledger_auditor", size=2)
         app.state.audit_pool = audit_pool
         app.state.pool = pool
+        # A narrowed request's quorum and charges come from the operator's rules: bad ones
+        # stop the console here, naming what (as `agentledger check-config`).
+        rules = allowlist.Allowlist.load()
+        sources = shared.PolicySources()
         app.state.console = review.Console(
-            pool=pool, allowlist=allowlist.Allowlist.load(),
+            pool=pool, allowlist=rules,
             authorizer=policy_repo.CedarAuthorizer(), cipher=keys.PayloadCipher(master),
             records=review.CurrentRecords(crm_client.CrmReader(cfg.crm_url, cfg.crm_read_tokens,
-                                                        client=client)))
+                                                        client=client)),
+            approval_rules=policy_check.load_approvals(sources.approvals, rules),
+            budgets=policy_check.load_budgets(sources.budgets, rules))
         log.info("event=console_ready port=%s", cfg.port)
         try:
             yield
