@@ -29,6 +29,12 @@ MESSAGES: Final = {
     "narrowed": "Narrowed. The narrowed request replaces this one, which never runs.",
     "narrowed_closed": "This request was narrowed by an approver; the narrowed request "
                        "replaced it and this one never runs.",
+    "narrow_done": "Narrowed. Your approval is bound to this narrowed request; the original "
+                   "never runs.",
+    "narrowing_refused": "That edit does not only narrow the request (a larger amount, an "
+                         "added item, or a field that may not narrow). Nothing was changed.",
+    "invalid_arguments": "The narrowed values are not valid for this action. Nothing was "
+                         "changed.",
     "mismatch": "The request pending is not the one you were shown. Nothing was decided; "
                 "review it again.",
     "already_decided": "This request was already decided.",
