@@ -21,7 +21,9 @@ from typing import Any
 import httpx
 import psycopg2
 import pytest
+from typer.testing import CliRunner
 
+from agentledger import cli
 from agentledger.testing import identities
 from agentledger.testing.pipeline import Pipeline, pipeline
 from agentledger.testing.polling import wait_until
@@ -166,3 +168,27 @@ def test_widening_an_undeclared_field_and_the_requester_are_refused(world: Pipel
     assert p.state(op) is None and _refunds(p, invoice) == []
     assert _rows(p.database_url, "SELECT count(*) FROM audit_event WHERE operation_id = %s "
                  "AND type = 'approval.narrowed'", str(op)) == [(0,)]
+
+
+def test_the_cli_narrows_through_the_console(world: Pipeline) -> None:
+    # `agentledger approvals narrow` speaks to the same JSON API with the approver's token.
+    p = world
+    op, invoice, approval_id, _ = _pending(p, 60_000)
+    token = _as(p, "user:frank", ["finance-approver"])["Authorization"].removeprefix("Bearer ")
+    ran = CliRunner().invoke(cli.app, [
+        "approvals", "narrow", approval_id, "--url", str(p.console_url), "--token", token,
+        "--set", "amount_minor=45000", "--reason", "half of the damage", "--yes"])
+    assert ran.exit_code == 0, ran.output
+    assert "narrowed" in ran.output and "approved" in ran.output, ran.output
+    p.wait_state(op, "succeeded")
+    assert _refunds(p, invoice) == [(45_000, "EUR")]
+    [(_, original_state, _), (_, narrowed_state, narrowed_from)] = _ledger(p, op)
+    assert (original_state, narrowed_state, narrowed_from) == ("narrowed", "approved",
+                                                               approval_id)
+    # A widening through the CLI is the API's refusal, exit 2, and changes nothing.
+    op, invoice, approval_id, _ = _pending(p, 60_000)
+    ran = CliRunner().invoke(cli.app, [
+        "approvals", "narrow", approval_id, "--url", str(p.console_url), "--token", token,
+        "--set", "amount_minor=61000", "--yes"])
+    assert ran.exit_code == 2 and "narrowing_refused" in ran.output, ran.output
+    assert _ledger(p, op) == [(approval_id, "pending", None)]
