@@ -68,7 +68,8 @@ def _left(seconds: int) -> str:
 @app.command("list")
 def list_(
     url: Url = DEFAULT_URL, token: TokenOpt = "",
-    state: Annotated[str, typer.Option(help="pending, approved, denied, expired, superseded")]
+    state: Annotated[str, typer.Option(help="pending, approved, denied, expired, superseded, "
+                                            "narrowed")]
     = "pending",
 ) -> None:
     """List your tenant's approval requests (pending by default)."""
