@@ -22,7 +22,7 @@ import asyncpg
 import pytest
 
 from agentledger import errors
-from agentledger.approvals import narrowing, quorum
+from agentledger.approvals import narrowing, quorum, rules
 from agentledger.approvals import repository as approvals
 from agentledger.audit import explain as audit_explain
 from agentledger.budgets import rules as budget_rules
@@ -92,6 +92,20 @@ async def _refunds(w: World, t: Tenant) -> list[tuple[int, str]]:
     finally:
         await conn.close()
     return [(r["amount_cents"], r["currency"]) for r in rows]
+
+
+async def _decide(w: World, t: Tenant, approval_id: uuid.UUID, approver: str
+                  ) -> tuple[approvals.Approval, object]:
+    async def no_revision(_: approvals.Approval) -> str | None:
+        return None
+
+    async with w.admission_pool.acquire() as conn:
+        pending = await approvals.get(conn, t.tenant_id, approval_id)
+        return await rules.decide(
+            conn, authorizer=w.authorizer, allowlist=RULES, cipher=keys.PayloadCipher(w.master),
+            revision=no_revision, tenant_id=t.tenant_id, approver_id=approver,
+            approval_id=approval_id, approve=True, shown_hash=pending.hash_hex,
+            reason="checked the invoice")
 
 
 async def _state(w: World, t: Tenant, op: uuid.UUID) -> dict[str, Any]:
@@ -185,16 +199,27 @@ async def test_a_narrowing_that_still_needs_two_approvers_counts_as_the_first(
         world: World) -> None:
     t = await world.tenant()
     op, approval_id, proposed = await _pending(world, t, 90_000)
-    done = await _narrow(world, t, approval_id, "user:fiona", {**proposed, "amount_minor": 60_000})
-    # 600 is still above 500: the narrowed request needs two, and fiona's approval is one.
+    # fiona's vote for 900 is bound to the original's hash: it does not carry over.
+    voted, _ = await _decide(world, t, approval_id, "user:fiona")
+    assert voted.state == "pending"
+    done = await _narrow(world, t, approval_id, "user:frank", {**proposed, "amount_minor": 60_000})
+    # 600 is still above 500: the narrowed request needs two, and frank's approval is one.
     assert (done.narrowed.state, done.narrowed.required_approvals, done.admitted) == (
         "pending", 2, None)
     async with world.owner.acquire() as conn:
         votes = await conn.fetch("SELECT approver, request_hash FROM approval_vote "
                                  "WHERE approval_id = $1", done.narrowed.approval_id)
     assert [(v["approver"], bytes(v["request_hash"])) for v in votes] == [
-        ("user:fiona", done.narrowed.request_hash)]
+        ("user:frank", done.narrowed.request_hash)]
     assert (await _state(world, t, op))["commands"] == 0
+    # A second finance approver of the narrowed request admits it: 600, once.
+    second, admitted = await _decide(world, t, done.narrowed.approval_id, "user:fiona")
+    assert second.state == "approved" and admitted is not None
+    worker = world.dispatcher()
+    begun = await worker.begin(t.tenant_id, op)
+    assert begun.claim is not None
+    assert await worker.complete(begun.claim) == "succeeded"
+    assert await _refunds(world, t) == [(60_000, "EUR")]
 
 
 @pytest.mark.parametrize(("change", "code"), [

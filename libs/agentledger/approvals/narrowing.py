@@ -40,6 +40,7 @@ from agentledger.approvals import quorum as quorum_mod
 from agentledger.approvals import repository as approvals
 from agentledger.approvals import rules
 from agentledger.budgets import rules as budget_rules_mod
+from agentledger.contracts import common
 from agentledger.ledger import keys
 from agentledger.ledger import repository as ledger
 from agentledger.policy import allowlist as allowlist_mod
@@ -171,7 +172,7 @@ async def narrow(
         reserved = await tx.fetch(Q["reserved_charges"], tenant_id, locked.operation_id)
         ciphertext, key_version = await cipher.encrypt(
             tx, tenant_id, locked.operation_id, canonical.canonical_bytes(narrowed_args))
-        reason = reason.strip()[:500] or "narrowed by the approver"
+        reason = common.reason_text(reason.strip() or "narrowed by the approver")
         closed_row = await tx.fetchrow(Q["close_narrowed"], tenant_id, approval_id, approver_id,
                                        reason, locked.request_hash)
         closed = approvals.Approval.from_row(closed_row)
