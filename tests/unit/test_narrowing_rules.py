@@ -51,6 +51,14 @@ def test_the_packaged_refund_declares_its_amount_may_decrease() -> None:
     spec = allowlist.Allowlist.load().get(REFUND)
     assert dict(spec.narrowable) == {"amount_minor": "decrease"}
     assert dict(allowlist.Allowlist.load().get("crm.note.create").narrowable) == {}
+    report = check_mod.check(None, None, DEMO)
+    assert report.ok and report.narrow_rules == {REFUND: {"amount_minor": "decrease"}}
+    ran = CliRunner().invoke(cli.app, ["check-config"])
+    assert ran.exit_code == 0, ran.output
+    assert ("narrow rule billing.refund.create.amount_minor: an approver may lower it "
+            "(decrease)") in " ".join(ran.output.split())
+    ran = CliRunner().invoke(cli.app, ["check-config", "--json"])
+    assert json.loads(ran.output)["narrow_rules"] == {REFUND: {"amount_minor": "decrease"}}
 
 
 @pytest.mark.parametrize(("rule", "problem"), [
