@@ -754,13 +754,14 @@ CREATE TABLE public.approval_request (
     required_approvals integer DEFAULT 1 NOT NULL,
     approver_role text,
     quorum_rule text,
+    narrowed_from uuid,
     CONSTRAINT approval_request_approver_role_check CHECK (((length(approver_role) >= 1) AND (length(approver_role) <= 100))),
     CONSTRAINT approval_request_check CHECK (((state = 'pending'::text) OR (decided_at IS NOT NULL))),
     CONSTRAINT approval_request_payload_kept CHECK (((state <> 'pending'::text) OR ((payload_ciphertext IS NOT NULL) AND (payload_key_version IS NOT NULL)))),
     CONSTRAINT approval_request_quorum_rule_check CHECK (((length(quorum_rule) >= 1) AND (length(quorum_rule) <= 64))),
     CONSTRAINT approval_request_request_hash_check CHECK ((octet_length(request_hash) = 32)),
     CONSTRAINT approval_request_required_approvals_check CHECK (((required_approvals >= 1) AND (required_approvals <= 20))),
-    CONSTRAINT approval_request_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'approved'::text, 'denied'::text, 'expired'::text, 'superseded'::text])))
+    CONSTRAINT approval_request_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'approved'::text, 'denied'::text, 'expired'::text, 'superseded'::text, 'narrowed'::text])))
 );
 
 ALTER TABLE ONLY public.approval_request FORCE ROW LEVEL SECURITY;
@@ -1285,6 +1286,12 @@ CREATE INDEX agent_command_pending_age ON public.agent_command USING btree (upda
 CREATE INDEX agent_command_recoverable ON public.agent_command USING btree (state, lease_until) WHERE (state = ANY (ARRAY['dispatching'::text, 'unknown'::text]));
 
 --
+-- Name: approval_request_narrowed_once; Type: INDEX; Schema: public
+--
+
+CREATE UNIQUE INDEX approval_request_narrowed_once ON public.approval_request USING btree (narrowed_from) WHERE (narrowed_from IS NOT NULL);
+
+--
 -- Name: approval_request_one_pending; Type: INDEX; Schema: public
 --
 
@@ -1384,7 +1391,14 @@ CREATE TRIGGER budget_charge_on_command_end AFTER UPDATE OF state ON public.agen
 -- Name: approval_request budget_charge_on_request_end; Type: TRIGGER; Schema: public
 --
 
-CREATE TRIGGER budget_charge_on_request_end AFTER UPDATE OF state ON public.approval_request FOR EACH ROW WHEN (((old.state = 'pending'::text) AND (new.state = ANY (ARRAY['denied'::text, 'expired'::text, 'superseded'::text])))) EXECUTE FUNCTION public.agentledger_budget_on_request_end_v1();
+CREATE TRIGGER budget_charge_on_request_end AFTER UPDATE OF state ON public.approval_request FOR EACH ROW WHEN (((old.state = 'pending'::text) AND (new.state = ANY (ARRAY['denied'::text, 'expired'::text, 'superseded'::text, 'narrowed'::text])))) EXECUTE FUNCTION public.agentledger_budget_on_request_end_v1();
+
+--
+-- Name: approval_request approval_request_narrowed_from_fkey; Type: FK CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.approval_request
+    ADD CONSTRAINT approval_request_narrowed_from_fkey FOREIGN KEY (narrowed_from) REFERENCES public.approval_request(approval_id);
 
 --
 -- Name: approval_request approval_request_superseded_by_fkey; Type: FK CONSTRAINT; Schema: public
@@ -2116,6 +2130,12 @@ GRANT UPDATE(evidence_key_version) ON TABLE public.approval_request TO agentledg
 --
 
 GRANT UPDATE(payload_purged_at) ON TABLE public.approval_request TO agentledger_maintenance;
+
+--
+-- Name: COLUMN approval_request.narrowed_from; Type: ACL; Schema: public
+--
+
+GRANT UPDATE(narrowed_from) ON TABLE public.approval_request TO agentledger_admission;
 
 --
 -- Name: TABLE approval_vote; Type: ACL; Schema: public

@@ -15,7 +15,8 @@ __all__ = ["AccessDenied", "AgentLedgerError", "AnswersUndelivered", "ApprovalEx
            "DecodeError", "DecryptionFailed", "DeliveryFailed", "DeliveryStalled",
            "EvidenceInvalid", "EvidencePending",
            "IdempotencyConflict", "IdentityRejected", "InvalidArguments", "InvalidTransition",
-           "MigrationError", "NotAnOperator", "NotInLedgerYet", "NotVisibleYet", "PayloadPurged",
+           "MigrationError", "NarrowingRefused", "NotAnOperator", "NotInLedgerYet",
+           "NotVisibleYet", "PayloadPurged",
            "PoisonMessage", "PolicyDenied", "PrincipalNotFound", "PublicationMissing",
            "ReceiptContradicted", "ReceiptUnverifiable", "RelayError", "ReplicationLost",
            "ResourceNotFound", "ShadowRefused", "SlotMissing", "StaleClaim", "StaleRevision",
@@ -282,6 +283,13 @@ class ApprovalMismatch(ValidationFailed):
     """The approver was shown another command than the one pending: nothing was decided."""
 
     code = "approval_mismatch"
+
+
+class NarrowingRefused(ValidationFailed):
+    """The edit is not a narrowing the action declares (a larger amount, an added item, a
+    change to a field that may not narrow): nothing was changed."""
+
+    code = "narrowing_refused"
 
 
 # --- relay (R3.5, R8.2) --------------------------------------------------------------------

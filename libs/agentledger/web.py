@@ -24,6 +24,7 @@ STATUS: Final[tuple[tuple[type[errors.AgentLedgerError], int], ...]] = (
     (errors.ApprovalExpired, 410),
     (errors.StaleRevision, 409),
     (errors.ApprovalMismatch, 422),
+    (errors.NarrowingRefused, 422),
     (errors.InvalidTransition, 409),
     (errors.IdempotencyConflict, 409),
     (errors.PolicyDenied, 403),

@@ -16,5 +16,6 @@ if __name__ == "__main__":
     telemetry.setup("agentledger-admission")
     try:
         uvloop.run(create_app().run())  # uvloop: a cheaper event loop (issue 20 §5)
-    except errors.ConfigurationError as exc:  # e.g. budgets that do not fit the allowlist
+    # e.g. budgets that do not fit the allowlist, an allowlist whose narrow rule cannot work
+    except (errors.ConfigurationError, errors.ValidationFailed) as exc:
         raise SystemExit(f"agentledger admission: {exc.message}") from None

@@ -7,7 +7,7 @@ import sys
 
 import uvicorn
 
-from agentledger import settings
+from agentledger import errors, settings
 from agentledger.services.console.app import create_app
 from agentledger.services.console.settings import ConsoleSettings
 
@@ -17,6 +17,11 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     cfg = ConsoleSettings.model_validate({})
+    try:
+        app = create_app(cfg)
+    # e.g. approval rules or budgets that do not fit the allowlist (issue 42)
+    except (errors.ConfigurationError, errors.ValidationFailed) as exc:
+        raise SystemExit(f"agentledger console: {exc.message}") from None
     # Access logs are unstructured and carry query strings; handlers log events instead.
-    uvicorn.run(create_app(cfg), host=cfg.host, port=cfg.port, log_config=None,
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_config=None,
                 access_log=False, lifespan="on")

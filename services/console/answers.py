@@ -26,6 +26,15 @@ MESSAGES: Final = {
                "must propose again.",
     "superseded": "The record changed since the proposal, so this request is superseded and "
                   "can no longer be approved. A new proposal and a new decision are needed.",
+    "narrowed": "Narrowed. The narrowed request replaces this one, which never runs.",
+    "narrowed_closed": "This request was narrowed by an approver; the narrowed request "
+                       "replaced it and this one never runs.",
+    "narrow_done": "Narrowed. Your approval is bound to this narrowed request; the original "
+                   "never runs.",
+    "narrowing_refused": "That edit does not only narrow the request (a larger amount, an "
+                         "added item, or a field that may not narrow). Nothing was changed.",
+    "invalid_arguments": "The narrowed values are not valid for this action. Nothing was "
+                         "changed.",
     "mismatch": "The request pending is not the one you were shown. Nothing was decided; "
                 "review it again.",
     "already_decided": "This request was already decided.",
@@ -48,6 +57,8 @@ def of(exc: errors.AgentLedgerError) -> Answer:
             return Answer(410, "expired", MESSAGES["expired"])
         if closed == "superseded":
             return Answer(409, "superseded", MESSAGES["superseded"])
+        if closed == "narrowed":
+            return Answer(409, "narrowed", MESSAGES["narrowed_closed"])
     # The status is the error's (web.STATUS); the console only picks the words.
     # Subclasses before their parents: StaleRevision and ApprovalMismatch are ValidationFailed.
     codes: tuple[tuple[type[errors.AgentLedgerError], str], ...] = (

@@ -45,6 +45,17 @@ class DecisionBody(BaseModel):
     reason: str = Field(default="", max_length=500)
 
 
+class NarrowBody(BaseModel):
+    """A narrow-only edit: the hash of the request the approver saw, the complete narrowed
+    arguments (validated and checked to only narrow by the library), and why."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    shown_hash: str = Field(min_length=64, max_length=64, pattern=r"^[0-9a-fA-F]{64}$")
+    arguments: dict[str, Any] = Field(max_length=64)
+    reason: str = Field(default="", max_length=500)
+
+
 def summary(r: review.Review) -> dict[str, Any]:
     a = r.approval
     return {
@@ -58,6 +69,7 @@ def summary(r: review.Review) -> dict[str, Any]:
         "decided_at": a.decided_at.isoformat() if a.decided_at else None,
         "decision_reason": a.decision_reason,
         "superseded_by": str(a.superseded_by) if a.superseded_by else None,
+        "narrowed_from": str(a.narrowed_from) if a.narrowed_from else None,
     }
 
 
@@ -75,6 +87,13 @@ def detail(r: review.Review) -> dict[str, Any]:
         "quorum": {"required": r.approval.required_approvals, "role": r.approval.approver_role,
                    "rule": r.approval.quorum_rule,
                    "approved_by": [v.approver for v in r.votes]},
+        # Narrow-only edits (issue 42): what may narrow here, and the link to the original
+        # (with the values the narrowing changed) or to the request that narrowed this one.
+        "narrowable": r.narrowable,
+        "narrowed_to": str(r.narrowed_to) if r.narrowed_to else None,
+        "original_arguments": r.original_arguments,
+        "narrowed_changes": [{"field": c.name, "original": c.before, "narrowed": c.after}
+                             for c in r.narrowed_changes],
     }
 
 
@@ -117,6 +136,23 @@ async def approve(request: Request, approval_id: str, session: Session,
 async def deny(request: Request, approval_id: str, session: Session,
                body: DecisionBody) -> dict[str, Any]:
     return await _decide(request, approval_id, session, body, approve=False)
+
+
+@api.post("/approvals/{approval_id}/narrow")
+async def narrow(request: Request, approval_id: str, session: Session,
+                 body: NarrowBody) -> dict[str, Any]:
+    """Narrow a pending request and approve the narrowed one in the same step (issue 42)."""
+    done = await _console(request).narrow(
+        session, answers.approval_id(approval_id), shown_hash=body.shown_hash,
+        arguments=body.arguments, reason=body.reason)
+    n = done.narrowed
+    return {"approval_id": str(done.original.approval_id), "state": done.original.state,
+            "operation_id": str(n.operation_id), "fields": list(done.fields),
+            "narrowed": {"approval_id": str(n.approval_id), "state": n.state,
+                         "request_hash": n.hash_hex, "required_approvals": n.required_approvals,
+                         "decided_by": n.decided_by,
+                         "admitted": done.admitted.status if done.admitted else None},
+            "message": f"{answers.MESSAGES['narrowed']} {answers.MESSAGES[n.state]}"}
 
 
 @api.get("/operations/{operation_id}/explain")

@@ -15,8 +15,10 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from starlette.exceptions import HTTPException
 
 from agentledger import crypto, db, errors, web
+from agentledger import settings as shared
 from agentledger.ledger import keys
 from agentledger.policy import allowlist
+from agentledger.policy import check as policy_check
 from agentledger.policy import repository as policy_repo
 from agentledger.resources import crm_client
 from agentledger.services.console import answers, api, auth, pages, review
@@ -104,6 +106,13 @@ def create_app(settings: ConsoleSettings | None = None) -> FastAPI:
         cfg.session_keys, issuer=cfg.session_issuer, audience=cfg.session_audience,
         csrf_secret=cfg.csrf_secret.get_secret_value() if cfg.csrf_secret else None)
     master = crypto.MasterKey.from_b64(cfg.master_key.get_secret_value())
+    # A narrowed request's quorum and charges come from the operator's rules (issue 42): bad
+    # ones stop the console here, before anything is connected, naming what (as
+    # `agentledger check-config` does).
+    rules = allowlist.Allowlist.load()
+    sources = shared.PolicySources()
+    approval_rules = policy_check.load_approvals(sources.approvals, rules)
+    budgets = policy_check.load_budgets(sources.budgets, rules)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -114,10 +123,11 @@ def create_app(settings: ConsoleSettings | None = None) -> FastAPI:
         app.state.audit_pool = audit_pool
         app.state.pool = pool
         app.state.console = review.Console(
-            pool=pool, allowlist=allowlist.Allowlist.load(),
+            pool=pool, allowlist=rules,
             authorizer=policy_repo.CedarAuthorizer(), cipher=keys.PayloadCipher(master),
             records=review.CurrentRecords(crm_client.CrmReader(cfg.crm_url, cfg.crm_read_tokens,
-                                                        client=client)))
+                                                        client=client)),
+            approval_rules=approval_rules, budgets=budgets)
         log.info("event=console_ready port=%s", cfg.port)
         try:
             yield

@@ -18,7 +18,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from agentledger import errors, identity
 from agentledger.approvals import repository as approvals
-from agentledger.services.console import answers, auth, review
+from agentledger.services.console import answers, auth, narrowing_form, review
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ async def approval_detail(
 ) -> HTMLResponse:
     found = await _console(request).review(who.session, answers.approval_id(approval_id))
     message = answers.MESSAGES.get(outcome or "")
-    good = outcome in ("approved", "denied", "pending")
+    good = outcome in ("approved", "denied", "pending", "narrow_done")
     return render("detail.html", who=who, r=found, message=message, good=good)
 
 
@@ -185,3 +185,30 @@ async def approve(request: Request, approval_id: str, who: Session, csrf: Csrf,
 async def deny(request: Request, approval_id: str, who: Session, csrf: Csrf,
                shown_hash: Hash, reason: Reason = "") -> RedirectResponse:
     return await _decide(request, approval_id, who, csrf, shown_hash, reason, approve=False)
+
+
+@pages.post("/approvals/{approval_id}/narrow")
+async def narrow(request: Request, approval_id: str, who: Session, csrf: Csrf,
+                 shown_hash: Hash, reason: Reason = "") -> RedirectResponse:
+    """Narrow the request and approve the narrowed one (issue 42): the form carries the new
+    value of each narrowable field (``narrow.<field>``); every other argument is the
+    original's. Whether that only narrows is the library's to say."""
+    _check_csrf(request, who, csrf)
+    aid = answers.approval_id(approval_id)
+    console = _console(request)
+    form = await request.form()
+    try:
+        found = await console.review(who.session, aid)
+        arguments = narrowing_form.arguments(
+            found.arguments, found.narrowable,
+            {k: [v for v in form.getlist(k) if isinstance(v, str)] for k in form})
+        done = await console.narrow(who.session, aid, shown_hash=shown_hash,
+                                    arguments=arguments, reason=reason)
+    except errors.AgentLedgerError as exc:
+        answer = answers.of(exc)
+        if answer.code == "not_found":
+            raise
+        log.info("event=narrowing_refused approval_id=%s code=%s", aid, answer.code)
+        return RedirectResponse(f"/approvals/{aid}?outcome={answer.code}", status_code=303)
+    return RedirectResponse(f"/approvals/{done.narrowed.approval_id}?outcome=narrow_done",
+                            status_code=303)

@@ -20,9 +20,10 @@ from uuid import UUID
 import asyncpg
 
 from agentledger import errors, identity
+from agentledger.approvals import narrowing, quorum, rules
 from agentledger.approvals import repository as approvals
-from agentledger.approvals import rules
 from agentledger.audit import explain as audit_explain
+from agentledger.budgets import rules as budget_rules
 from agentledger.ledger import keys
 from agentledger.ledger import repository as ledger
 from agentledger.policy import allowlist as allowlist_mod
@@ -106,6 +107,25 @@ class Review:
     evidence: list[dict[str, Any]] | None = None
     # The approvals an N-of-M request has gathered (issue 42).
     votes: list[approvals.Vote] = field(default_factory=list)
+    # Narrow-only edits (issue 42): the request this one narrowed and its arguments, or the
+    # request that narrowed this one.
+    original: approvals.Approval | None = None
+    original_arguments: dict[str, Any] | None = None
+    narrowed_to: UUID | None = None
+
+    @property
+    def narrowable(self) -> dict[str, str]:
+        """The arguments an approver may narrow here, and how (none once decided)."""
+        return dict(self.spec.narrowable) if self.spec is not None and self.decidable else {}
+
+    @property
+    def narrowed_changes(self) -> list[FieldChange]:
+        """What the narrowing changed: the original's value and this request's."""
+        if self.original_arguments is None or self.arguments is None:
+            return []
+        names = sorted(set(self.original_arguments) | set(self.arguments))
+        return [FieldChange(n, self.original_arguments.get(n), self.arguments.get(n))
+                for n in names if self.original_arguments.get(n) != self.arguments.get(n)]
 
     @property
     def shown_evidence(self) -> list[dict[str, Any]]:
@@ -186,6 +206,10 @@ class Console:
     authorizer: policy_repo.CedarAuthorizer
     cipher: keys.PayloadCipher
     records: CurrentRecords
+    # The operator's N-of-M rules and budgets: a narrowed request's quorum and charges are
+    # computed again from its narrowed arguments (issue 42).
+    approval_rules: quorum.ApprovalRules = field(default_factory=quorum.ApprovalRules.empty)
+    budgets: budget_rules.Budgets = field(default_factory=budget_rules.Budgets)
 
     async def listing(self, session: identity.Session, state: approvals.State = "pending"
                       ) -> list[Review]:
@@ -223,9 +247,18 @@ class Console:
             evidence = await self._evidence(conn, approval)
             votes = (await approvals.votes(conn, session.tenant_id, approval_id)
                      if approval.required_approvals > 1 else [])
+            original, original_arguments, narrowed_to = None, None, None
+            if approval.narrowed_from is not None:
+                original = await approvals.get(conn, session.tenant_id, approval.narrowed_from)
+                original_arguments = await self._arguments(conn, original)
+            elif approval.state == "narrowed":
+                narrowed_to = next((a.approval_id for a in await approvals.history(
+                    conn, session.tenant_id, approval.operation_id)
+                    if a.narrowed_from == approval_id), None)
         current = await self.records.fetch(session.tenant_id, approval.resource_id)
         return Review(approval, self.allowlist.actions.get(approval.action), arguments, current,
-                      evidence=evidence, votes=votes)
+                      evidence=evidence, votes=votes, original=original,
+                      original_arguments=original_arguments, narrowed_to=narrowed_to)
 
     async def _arguments(self, conn: ledger.Conn, a: approvals.Approval) -> dict[str, Any] | None:
         return await rules.arguments(conn, self.cipher, a)
@@ -262,3 +295,24 @@ class Console:
                 revision=self.records.revision, tenant_id=session.tenant_id,
                 approver_id=session.principal_id, approval_id=approval_id, approve=approve,
                 shown_hash=shown_hash, reason=reason)
+
+    async def narrow(
+        self, session: identity.Session, approval_id: UUID, *, shown_hash: str,
+        arguments: dict[str, Any], reason: str,
+    ) -> narrowing.Narrowed:
+        """Narrow a request as the signed-in principal and approve the result
+        (``approvals.narrowing.narrow``).
+
+        Raises:
+            NarrowingRefused, InvalidArguments, PolicyDenied, ApprovalNotFound,
+            ApprovalMismatch, ApprovalExpired, InvalidTransition, StaleRevision,
+            BudgetExhausted, IdempotencyConflict, UnknownAction, DecryptionFailed,
+            StorageError. Nothing is written on any of them.
+        """
+        async with self.pool.acquire() as conn:
+            return await narrowing.narrow(
+                conn, authorizer=self.authorizer, allowlist=self.allowlist, cipher=self.cipher,
+                revision=self.records.revision, approval_rules=self.approval_rules,
+                budgets=self.budgets, tenant_id=session.tenant_id,
+                approver_id=session.principal_id, approval_id=approval_id,
+                shown_hash=shown_hash, arguments=arguments, reason=reason)

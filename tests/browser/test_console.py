@@ -57,7 +57,7 @@ def test_evidence_with_script_and_html_is_shown_inert_and_the_detail_is_screensh
     expect(page.locator("#refund")).to_contain_text("inv-2026-0042")
     expect(page.locator("#refund")).to_contain_text("ada@example.com")  # the current record
     expect(page.locator("#hash")).to_have_text(request_hash)
-    expect(page.locator("input[name=shown_hash]")).to_have_value(request_hash)
+    expect(page.locator(".decide input[name=shown_hash]")).to_have_value(request_hash)
     expect(page.locator("#policy-version")).to_have_text(world_policy_version(world, approval_id))
     expect(page.locator("#time-left")).to_contain_text("min left")
     expect(page.locator("#requester")).to_have_text("user:alice")

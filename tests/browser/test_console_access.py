@@ -103,7 +103,7 @@ def test_a_tampered_shown_hash_approves_nothing(world: Pipeline,
     op, approval_id, _ = refund(world, 950)
     page = sign_in("user:fiona", FINANCE)
     page.goto(f"/approvals/{approval_id}")
-    page.locator("input[name=shown_hash]").evaluate("(el) => { el.value = 'ab'.repeat(32); }")
+    page.locator(".decide input[name=shown_hash]").evaluate("(el) => { el.value = 'ab'.repeat(32); }")
     page.click("#approve")
     expect(page.locator("#outcome")).to_contain_text("not the one you were shown")
     expect(page.locator("#state")).to_have_text("pending")

@@ -3,12 +3,16 @@ start, in one line (issue 38) — the real module, as a deployment starts it."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from agentledger import identity
+from agentledger.policy import allowlist
 
 SERVICES = ["admission", "executor", "reconciler", "planner", "console", "mcp"]
 # The MCP server is the library's, not a service package (issue 40: it checks too).
@@ -50,3 +54,54 @@ def test_admission_refuses_to_start_on_budgets_that_do_not_fit_the_allowlist(
     last = done.stderr.strip().splitlines()[-1]
     assert last == ("agentledger admission: budget refunds: billing.refund.create.reason is "
                     "not an integer argument"), done.stderr
+
+
+def test_admission_refuses_to_start_on_a_narrow_rule_that_cannot_work(tmp_path: Path) -> None:
+    # Issue 42: a `decrease` on an argument that is not a number is named in one line, as
+    # `agentledger check-config` names it (every service loads the allowlist the same way).
+    document = json.loads(allowlist.DEFAULT_PATH.read_text())
+    refund = next(a for a in document["actions"] if a["name"] == "billing.refund.create")
+    refund["narrowable"] = {"reason": "decrease"}
+    path = tmp_path / "allowlist.json"
+    path.write_text(json.dumps(document))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLEDGER_")}
+    env |= {"AGENTLEDGER_PROFILE": "demo", "AGENTLEDGER_ALLOWLIST": str(path),
+            "AGENTLEDGER_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none",
+            "AGENTLEDGER_KAFKA_BOOTSTRAP": "127.0.0.1:1",
+            "AGENTLEDGER_MASTER_KEY": "A" * 43 + "=",
+            "AGENTLEDGER_ADMISSION_REQUIRE_IDENTITY": "false"}
+    done = subprocess.run(
+        [sys.executable, "-m", "agentledger.services.admission"], env=env,
+        capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == (f"agentledger admission: allowlist {path}: billing.refund.create: narrow "
+                    "rule reason: decrease needs an integer or number argument, reason is "
+                    "string"), done.stderr
+
+
+def test_the_console_refuses_to_start_on_approval_rules_that_cannot_work(
+        tmp_path: Path) -> None:
+    # Issue 42: the console recomputes a narrowed request's quorum from the operator's
+    # approval rules, so it checks them as admission does, before anything is connected.
+    approvals = tmp_path / "approvals.json"
+    approvals.write_text(json.dumps({
+        "format": "agentledger.approvals.v1",
+        "groups": {"finance": {"role": "finance-approver", "members": ["user:fiona"]}},
+        "rules": [{"name": "large-refunds", "action": "billing.refund.create",
+                   "argument": "amount_minor", "above": 50000, "group": "finance",
+                   "required": 2}]}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLEDGER_")}
+    _, public_pem = identity.generate_keypair("EdDSA")
+    env |= {"AGENTLEDGER_PROFILE": "demo", "AGENTLEDGER_APPROVALS": str(approvals),
+            "AGENTLEDGER_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none",
+            "AGENTLEDGER_MASTER_KEY": "A" * 43 + "=",
+            "AGENTLEDGER_CONSOLE_SESSION_KEYS": json.dumps({"k1": public_pem}),
+            "AGENTLEDGER_CONSOLE_SESSION_ISSUER": "https://idp.example"}
+    done = subprocess.run(
+        [sys.executable, "-m", "agentledger.services.console"], env=env,
+        capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "agentledger console: approval rule large-refunds: needs 2 approvers but group "
+        "finance has 1"), done.stderr

@@ -31,7 +31,7 @@ from agentledger.telemetry import spans
 Q = sql.load(Path(__file__).with_name("queries.sql"))
 tracer = trace.get_tracer("agentledger.approvals")
 
-State = Literal["pending", "approved", "denied", "expired", "superseded"]
+State = Literal["pending", "approved", "denied", "expired", "superseded", "narrowed"]
 Also = Callable[[ledger.Conn], Awaitable[None]]
 
 
@@ -96,6 +96,8 @@ class Approval:
     required_approvals: int = 1
     approver_role: str | None = None
     quorum_rule: str | None = None
+    # A narrow-only edit (issue 42): the request this one narrowed (migration 0046).
+    narrowed_from: UUID | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> Approval:

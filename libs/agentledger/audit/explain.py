@@ -77,6 +77,9 @@ class ApprovalSummary(_Row):
     required_approvals: int = 1
     approver_role: str | None = None
     approved_by: list[str] = []
+    # Narrow-only edits (issue 42): the request this one narrowed, and the one narrowing it.
+    narrowed_from: str | None = None
+    narrowed_to: str | None = None
 
 
 class BudgetCharge(_Row):

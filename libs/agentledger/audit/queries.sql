@@ -18,7 +18,9 @@ FROM policy_decision WHERE tenant_id = $1 AND operation_id = $2 ORDER BY decided
 SELECT approval_id, state, request_hash, policy_version, risk, evidence, expires_at, created_at,
        action, resource_id,
        decided_by, decided_at, decision_reason, approval_decision_id, superseded_by, principal_id,
-       required_approvals, approver_role,
+       required_approvals, approver_role, narrowed_from,
+       (SELECT n.approval_id FROM approval_request n
+        WHERE n.tenant_id = a.tenant_id AND n.narrowed_from = a.approval_id) AS narrowed_to,
        coalesce((SELECT jsonb_agg(v.approver ORDER BY v.voted_at, v.approver)
                  FROM approval_vote v
                  WHERE v.tenant_id = a.tenant_id AND v.approval_id = a.approval_id),

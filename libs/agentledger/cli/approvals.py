@@ -1,4 +1,5 @@
-"""``agentledger approvals list|show|approve|deny``: the console's JSON API from a terminal.
+"""``agentledger approvals list|show|approve|deny|narrow``: the console's JSON API from a
+terminal.
 
 The CLI holds no database credentials: it speaks to the approvals console with the
 approver's own session token (``--token`` or ``AGENTLEDGER_TOKEN``), so the tenant, the
@@ -67,7 +68,8 @@ def _left(seconds: int) -> str:
 @app.command("list")
 def list_(
     url: Url = DEFAULT_URL, token: TokenOpt = "",
-    state: Annotated[str, typer.Option(help="pending, approved, denied, expired, superseded")]
+    state: Annotated[str, typer.Option(help="pending, approved, denied, expired, superseded, "
+                                            "narrowed")]
     = "pending",
 ) -> None:
     """List your tenant's approval requests (pending by default)."""
@@ -176,6 +178,53 @@ def deny(approval_id: str, url: Url = DEFAULT_URL, token: TokenOpt = "",
          shown_hash: HashOpt = None, reason: ReasonOpt = "", yes: YesOpt = False) -> None:
     """Deny a request: nothing is executed."""
     _decide("deny", approval_id, url, token, shown_hash, reason, yes)
+
+
+SetOpt = Annotated[list[str], typer.Option(
+    "--set", help="FIELD=VALUE, the narrowed value as JSON (e.g. amount_minor=40000, "
+                  "recipients='[\"a@example.com\"]'); repeat for several fields")]
+
+
+def _narrowed(arguments: dict[str, Any], sets: list[str]) -> dict[str, Any]:
+    out = dict(arguments)
+    for item in sets:
+        field, sep, raw = item.partition("=")
+        if not sep or not field:
+            console.print(f"[red]--set {escape(item[:80])}[/red]: expected FIELD=VALUE")
+            raise typer.Exit(2)
+        try:
+            out[field] = json.loads(raw)
+        except ValueError:
+            out[field] = raw  # a bare string
+    return out
+
+
+@app.command()
+def narrow(approval_id: str, sets: SetOpt, url: Url = DEFAULT_URL, token: TokenOpt = "",
+           reason: ReasonOpt = "", yes: YesOpt = False) -> None:
+    """Narrow a request (a lower amount, fewer recipients) and approve the narrowed one.
+
+    Only the fields the action declares narrowable may change, and only narrower; the
+    narrowed request gets its own hash and replaces this one, which never runs.
+    """
+    token = _token(token)
+    request = _call(url, token, "GET", f"/approvals/{approval_id}")
+    _show(request)
+    arguments = _narrowed(dict(request.get("arguments") or {}), sets)
+    console.print("narrowed arguments:")
+    console.print(json.dumps(_inert(arguments), indent=2, ensure_ascii=False), markup=False,
+                  highlight=False)
+    if not yes and not typer.confirm("Narrow this request and approve the narrowed one?"):
+        raise typer.Exit(1)
+    result = _call(url, token, "POST", f"/approvals/{approval_id}/narrow",
+                   {"shown_hash": str(request["request_hash"]), "arguments": arguments,
+                    "reason": reason})
+    narrowed = result.get("narrowed") or {}
+    console.print(f"[bold]{escape(str(result.get('state')))}[/bold]: narrowed request "
+                  f"{escape(str(narrowed.get('approval_id')))} is "
+                  f"[bold]{escape(str(narrowed.get('state')))}[/bold] "
+                  f"(hash {escape(str(narrowed.get('request_hash')))}). "
+                  f"{escape(str(result.get('message', '')))}", highlight=False)
 
 
 def _token(token: str) -> str:

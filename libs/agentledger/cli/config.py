@@ -79,6 +79,11 @@ def _render(report: check_mod.Report) -> None:
         console.print(f"approval rule [bold]{q['name']}[/bold]: {q['action']}{above} needs "
                       f"{q['required']} of {len(q['members'])} approvers of role {q['role']} "
                       f"(group {q['group']})", highlight=False)
+    for action, fields in sorted(report.narrow_rules.items()):
+        for name, how in sorted(fields.items()):
+            console.print(f"narrow rule [bold]{action}.{name}[/bold]: an approver may "
+                          f"{'lower it' if how == 'decrease' else 'drop items'} ({how})",
+                          highlight=False)
     if report.roles:
         table = Table(title="What a principal with one role gets (arguments not applied)")
         actions = sorted(report.actions)

@@ -74,6 +74,11 @@ def render(found: audit_explain.Explanation, console: Console,
             console.print(f"    needs {a.required_approvals} approvers of role "
                           f"{a.approver_role}; approved by {', '.join(a.approved_by) or 'nobody'}",
                           highlight=False)
+        if a.narrowed_to:
+            console.print(f"    narrowed by {a.decided_by} into approval {a.narrowed_to}; "
+                          "it never runs", highlight=False)
+        if a.narrowed_from:
+            console.print(f"    narrows approval {a.narrowed_from}", highlight=False)
     for c in found.permitted.budget_charges:
         console.print(f"  budget {c.budget} ({c.scope} {c.scope_key}, {c.window_kind} "
                       f"{c.window_start or ''}): {_units(c.amount, c.unit, c.currency)} of "

@@ -389,3 +389,9 @@ approval_vote = Table(
     Column("decision_id", UUID(as_uuid=True), nullable=False),
     _ts("voted_at", nullable=False, default_now=True),
 )
+
+
+# --- narrow-only edits (migration 0046) ---------------------------------------------------
+
+approval_request.append_column(
+    Column("narrowed_from", UUID(as_uuid=True), ForeignKey("approval_request.approval_id")))

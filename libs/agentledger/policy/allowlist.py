@@ -23,6 +23,7 @@ import jsonschema.validators
 from jsonschema import Draft202012Validator
 
 from agentledger import canonical, errors, settings
+from agentledger.policy import narrowing
 
 DEFAULT_PATH: Final = Path(__file__).with_name("allowlist.json")
 FILE_FORMAT: Final = "agentledger.allowlist.v1"
@@ -74,6 +75,10 @@ _FILE_SCHEMA: Final[dict[str, Any]] = {
                     "allows_control_characters": {"type": "boolean"},
                     "description": {"type": "string", "minLength": 1, "maxLength": 1000},
                     "arguments": {"type": "object"},
+                    # Which arguments an approver may narrow, and how (issue 42;
+                    # agentledger.policy.narrowing checks them against the schema).
+                    "narrowable": {"type": "object", "maxProperties": 32,
+                                   "additionalProperties": {"enum": list(narrowing.KINDS)}},
                 },
             },
         },
@@ -204,6 +209,8 @@ class ActionSpec:
         description: What the action does, for planners and the approval console.
         schema: The closed JSON Schema of its arguments.
         allowlist_version: The version of the allowlist this spec comes from.
+        narrowable: The arguments an approver may narrow and how (``decrease``, ``subset``;
+            ``agentledger.policy.narrowing``); empty: none.
     """
 
     name: str
@@ -215,6 +222,8 @@ class ActionSpec:
     allowlist_version: str
     _validator: Any = field(repr=False, compare=False)
     allows_control_characters: bool = False
+    narrowable: Mapping[str, narrowing.How] = field(
+        default_factory=lambda: types.MappingProxyType({}))
 
     def validate(self, arguments: Mapping[str, object]) -> dict[str, Any]:
         """Check arguments against the closed schema (Draft 2020-12, formats asserted).
@@ -333,6 +342,10 @@ class Allowlist:
             if problems:
                 raise errors.ValidationFailed(
                     f"allowlist {source}: {name}: schema is not closed: {'; '.join(problems)}")
+            narrowable = entry.get("narrowable", {})
+            problems = narrowing.declaration_problems(name, schema, narrowable)
+            if problems:
+                raise errors.ValidationFailed(f"allowlist {source}: {'; '.join(problems)}")
             frozen_schema = copy.deepcopy(schema)
             actions[name] = ActionSpec(
                 name=name,
@@ -342,6 +355,7 @@ class Allowlist:
                 allows_control_characters=entry.get("allows_control_characters", False),
                 description=entry["description"],
                 schema=types.MappingProxyType(frozen_schema),
+                narrowable=types.MappingProxyType(dict(narrowable)),
                 allowlist_version=version,
                 _validator=_StrictValidator(
                     frozen_schema, format_checker=Draft202012Validator.FORMAT_CHECKER),

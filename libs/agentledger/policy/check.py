@@ -45,6 +45,7 @@ class Report:
     budgets: list[dict[str, Any]] = field(default_factory=list)
     approvals_version: str | None = None
     quorum_rules: list[dict[str, Any]] = field(default_factory=list)
+    narrow_rules: dict[str, dict[str, str]] = field(default_factory=dict)  # action → field → how
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -64,6 +65,8 @@ def check(allowlist_path: Path | None, policy_dir: Path | None,
         rules = allowlist_mod.Allowlist.load(allowlist_path)
         report.allowlist_version = rules.version
         report.actions = {name: spec.connector for name, spec in rules.actions.items()}
+        report.narrow_rules = {name: dict(spec.narrowable)
+                               for name, spec in sorted(rules.actions.items()) if spec.narrowable}
     except errors.ValidationFailed as exc:
         report.problems.append(f"allowlist: {exc.message}")
     try:
