@@ -389,3 +389,26 @@ approval_vote = Table(
     Column("decision_id", UUID(as_uuid=True), nullable=False),
     _ts("voted_at", nullable=False, default_now=True),
 )
+
+# Notifications of pending approvals (issue 42, migration 0042): their own outbox.
+approval_notification = Table(
+    "approval_notification",
+    metadata,
+    Column("idempotency_key", Text, primary_key=True),
+    Column("tenant_id", UUID(as_uuid=True), nullable=False),
+    Column("approval_id", UUID(as_uuid=True), ForeignKey("approval_request.approval_id"),
+           nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("group_name", Text, nullable=False),
+    Column("recipient", Text, nullable=False),
+    Column("channel", Text, nullable=False),
+    Column("address", Text, nullable=False),
+    Column("message", JSONB, nullable=False),
+    Column("state", Text, nullable=False, server_default=text("'pending'")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    _ts("next_attempt_at", nullable=False, default_now=True),
+    Column("lease_owner", Text),
+    Column("last_error", Text),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("sent_at"),
+)
