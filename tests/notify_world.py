@@ -16,13 +16,13 @@ REFUND = "billing.refund.create"
 
 
 def document(*, hook_url: str, smtp_port: int, escalate_after: float | None = None,
-             required: int = 2) -> dict[str, Any]:
+             required: int = 2, escalate_to: str = "leads") -> dict[str, Any]:
     """The v2 approval file (``escalate_after`` seconds: with escalation to leads)."""
     rule: dict[str, Any] = {"name": "large-refunds", "action": REFUND,
                             "argument": "amount_minor", "above": 50_000, "group": "finance",
                             "required": required}
     if escalate_after is not None:
-        rule |= {"escalate_to": "leads", "escalate_after": escalate_after}
+        rule |= {"escalate_to": escalate_to, "escalate_after": escalate_after}
     return {
         "format": quorum.ROUTED_FORMAT,
         "channels": {

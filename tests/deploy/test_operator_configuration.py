@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SERVICES = ["admission", "executor", "reconciler", "planner", "console", "mcp"]
+SERVICES = ["admission", "executor", "reconciler", "planner", "console", "mcp", "notifier"]
 # The MCP server is the library's, not a service package (issue 40: it checks too).
 MODULES = {"mcp": "agentledger.mcp"}
 
