@@ -789,8 +789,11 @@ CREATE TABLE public.approval_request (
     required_approvals integer DEFAULT 1 NOT NULL,
     approver_role text,
     quorum_rule text,
+    escalated_at timestamp with time zone,
+    escalated_to text,
     CONSTRAINT approval_request_approver_role_check CHECK (((length(approver_role) >= 1) AND (length(approver_role) <= 100))),
     CONSTRAINT approval_request_check CHECK (((state = 'pending'::text) OR (decided_at IS NOT NULL))),
+    CONSTRAINT approval_request_escalated_to_check CHECK (((length(escalated_to) >= 1) AND (length(escalated_to) <= 64))),
     CONSTRAINT approval_request_payload_kept CHECK (((state <> 'pending'::text) OR ((payload_ciphertext IS NOT NULL) AND (payload_key_version IS NOT NULL)))),
     CONSTRAINT approval_request_quorum_rule_check CHECK (((length(quorum_rule) >= 1) AND (length(quorum_rule) <= 64))),
     CONSTRAINT approval_request_request_hash_check CHECK ((octet_length(request_hash) = 32)),
@@ -1339,6 +1342,12 @@ CREATE INDEX approval_notification_by_approval ON public.approval_notification U
 CREATE INDEX approval_notification_due ON public.approval_notification USING btree (next_attempt_at) WHERE (state = 'pending'::text);
 
 --
+-- Name: approval_request_escalation_due; Type: INDEX; Schema: public
+--
+
+CREATE INDEX approval_request_escalation_due ON public.approval_request USING btree (created_at) WHERE ((state = 'pending'::text) AND (escalated_at IS NULL) AND (quorum_rule IS NOT NULL));
+
+--
 -- Name: approval_request_one_pending; Type: INDEX; Schema: public
 --
 
@@ -1644,6 +1653,12 @@ CREATE POLICY notary_reads ON public.audit_event FOR SELECT TO agentledger_notar
 --
 
 CREATE POLICY notifier_audits ON public.event_outbox FOR INSERT TO agentledger_notifier WITH CHECK (((aggregatetype = 'audit'::text) AND (type ~~ 'approval.%'::text)));
+
+--
+-- Name: approval_request notifier_escalates; Type: POLICY; Schema: public
+--
+
+CREATE POLICY notifier_escalates ON public.approval_request FOR UPDATE TO agentledger_notifier USING (((state = 'pending'::text) AND (escalated_at IS NULL))) WITH CHECK ((state = 'pending'::text));
 
 --
 -- Name: approval_request notifier_reads; Type: POLICY; Schema: public
@@ -2216,6 +2231,18 @@ GRANT UPDATE(evidence_key_version) ON TABLE public.approval_request TO agentledg
 --
 
 GRANT UPDATE(payload_purged_at) ON TABLE public.approval_request TO agentledger_maintenance;
+
+--
+-- Name: COLUMN approval_request.escalated_at; Type: ACL; Schema: public
+--
+
+GRANT UPDATE(escalated_at) ON TABLE public.approval_request TO agentledger_notifier;
+
+--
+-- Name: COLUMN approval_request.escalated_to; Type: ACL; Schema: public
+--
+
+GRANT UPDATE(escalated_to) ON TABLE public.approval_request TO agentledger_notifier;
 
 --
 -- Name: TABLE approval_vote; Type: ACL; Schema: public

@@ -9,7 +9,7 @@ from datetime import timedelta
 from agentledger import errors, services
 from agentledger import settings as shared
 from agentledger.approvals import quorum
-from agentledger.notify import plugins, worker
+from agentledger.notify import outbox, plugins, worker
 from agentledger.policy import allowlist
 from agentledger.policy import check as policy_check
 from agentledger.services.notifier.settings import NotifierSettings
@@ -43,12 +43,13 @@ async def run(cfg: NotifierSettings | None = None, stop: asyncio.Event | None = 
                 plugin_of={n: c.plugin for n, c in rules.channels.items()},
                 console_url=cfg.console_url, worker_id=cfg.worker_id,
                 lease=timedelta(seconds=cfg.lease_s), max_attempts=cfg.max_attempts,
-                batch=cfg.batch)
+                batch=cfg.batch, router=outbox.Router.of(rules))
             log.info("event=notifier_started channels=%s period_s=%s", sorted(built),
                      cfg.period_s)
             while not up.stop.is_set():
                 claimed = 0
                 try:
+                    await notifier.sweep()
                     claimed = await notifier.run_once()
                 except errors.StorageError:  # the next period tries again; never exit
                     log.exception("event=notifier_claim_failed")

@@ -322,3 +322,136 @@ async def test_the_shipped_plugins_keep_the_key_on_redelivery(
         await notifier.aclose()
     assert [(f.claim, f.holds) for f in findings] == [
         ("delivers", True), ("same_key_on_redelivery", True), ("distinct_keys", True)], findings
+
+
+# ---------------------------------------------------------------- escalation and expiry (item 3)
+
+def _escalating(receiver: webhook_receiver.Receiver, mail: mailpit.Mailpit
+                ) -> quorum.ApprovalRules:
+    return quorum.ApprovalRules.parse(notify_world.document(
+        hook_url=receiver.url, smtp_port=mail.smtp_port, escalate_after=1800))
+
+
+async def _leads(w: World, t: Tenant) -> None:
+    async with w.owner.acquire() as conn:
+        for member in notify_world.LEADS:
+            await policy_repo.put_principal(conn, t.tenant_id, member, ["finance-approver"])
+
+
+async def _audited(w: World, op: uuid.UUID) -> list[str]:
+    async with w.owner.acquire() as conn:
+        return [r["type"] for r in await conn.fetch(
+            "SELECT type FROM audit_event WHERE operation_id = $1 AND type LIKE 'approval.%' "
+            "ORDER BY seq", op)]
+
+
+async def _decide(w: World, t: Tenant, approval_id: uuid.UUID, approver: str
+                  ) -> tuple[approvals.Approval, object]:
+    from agentledger.approvals import rules as approval_rules
+    from agentledger.ledger import keys
+    from tests.integration.executor_world import RULES
+
+    async def no_revision(_: approvals.Approval) -> str | None:
+        return None
+
+    async with w.admission_pool.acquire() as conn:
+        pending = await approvals.get(conn, t.tenant_id, approval_id)
+        return await approval_rules.decide(
+            conn, authorizer=w.authorizer, allowlist=RULES, cipher=keys.PayloadCipher(w.master),
+            revision=no_revision, tenant_id=t.tenant_id, approver_id=approver,
+            approval_id=approval_id, approve=True, shown_hash=pending.hash_hex,
+            reason="checked")
+
+
+async def test_an_undecided_request_is_escalated_once_and_the_leads_may_decide_it(
+        world: World, receiver: webhook_receiver.Receiver, mail: mailpit.Mailpit,
+        notifier_pool: asyncpg.Pool) -> None:
+    t = await world.tenant()
+    await _leads(world, t)
+    rules = _escalating(receiver, mail)
+    request = await _pending(world, t, rules)
+    clock = Clock()
+    notifier = _notifier(notifier_pool, rules, clock)
+    notifier.router = outbox.Router.of(rules)
+    assert await notifier.sweep() == 0  # inside the window: nothing
+    assert await notifier.run_once() == 6
+
+    clock.now += timedelta(seconds=1801)  # the seam: the window has passed
+    # Two notifiers sweeping at once escalate it once (the conditional update).
+    other = _notifier(notifier_pool, rules, clock, worker_id="notifier-2")
+    other.router = notifier.router
+    assert sorted(await asyncio.gather(notifier.sweep(), other.sweep())) == [0, 1]
+    assert await notifier.sweep() == 0
+    async with world.owner.acquire() as conn:
+        row = await conn.fetchrow("SELECT escalated_at, escalated_to, state FROM "
+                                  "approval_request WHERE approval_id = $1", request.approval_id)
+    assert (row["escalated_to"], row["state"]) == ("leads", "pending")
+    assert row["escalated_at"] == clock.now
+    escalated = [r for r in await _rows(world, request.approval_id) if r["kind"] == "escalated"]
+    assert sorted((r["recipient"], r["channel"]) for r in escalated) == [
+        ("user:lena", "mail"), ("user:leo", "mail")]
+    assert await notifier.run_once() == 2
+    for r in escalated:
+        key = str(r["idempotency_key"])
+
+        async def stored(key: str = key) -> bool:
+            return bool(await asyncio.to_thread(mail.messages, f"{key}@{notify_world.DOMAIN}"))
+        assert await _eventually(stored)
+        [message] = mail.messages(f"{key}@{notify_world.DOMAIN}")
+        assert message["Subject"].startswith("Approval escalated to you")
+    assert (await _audited(world, request.operation_id)).count("approval.escalated") == 1
+
+    # The escalated group's members decide: lena's and leo's approvals reach the quorum of 2.
+    first, admitted = await _decide(world, t, request.approval_id, "user:lena")
+    assert (first.state, admitted) == ("pending", None)
+    second, admitted = await _decide(world, t, request.approval_id, "user:leo")
+    assert second.state == "approved" and admitted is not None
+    begun = await world.dispatcher().begin(t.tenant_id, request.operation_id)
+    assert begun.claim is not None
+    assert await world.dispatcher().complete(begun.claim) == "succeeded"
+    assert len(await world.effects(t, "refund.created")) == 1
+    # Decided: later sweeps neither escalate nor announce it.
+    clock.now += timedelta(days=2)
+    assert await notifier.sweep() == 0
+
+
+async def test_after_expiry_both_groups_are_told_and_nothing_runs(
+        world: World, receiver: webhook_receiver.Receiver, mail: mailpit.Mailpit,
+        notifier_pool: asyncpg.Pool) -> None:
+    t = await world.tenant()
+    await _leads(world, t)
+    rules = _escalating(receiver, mail)
+    request = await _pending(world, t, rules)
+    clock = Clock()
+    notifier = _notifier(notifier_pool, rules, clock)
+    notifier.router = outbox.Router.of(rules)
+    clock.now += timedelta(seconds=1801)
+    assert await notifier.sweep() == 1  # escalated
+    # Expiry follows the database's clock, as the existing approval tests move it.
+    async with world.owner.acquire() as conn:
+        await conn.execute("UPDATE approval_request SET expires_at = now() - interval '1 second'"
+                           " WHERE approval_id = $1", request.approval_id)
+    async with world.reconciler_pool.acquire() as conn:
+        expired = await approvals.expire_due(conn)
+    assert (t.tenant_id, request.approval_id) in expired
+    assert await notifier.sweep() == 1  # the expiry announced
+    assert await notifier.sweep() == 0  # once
+    notices = [r for r in await _rows(world, request.approval_id) if r["kind"] == "expired"]
+    assert sorted((r["recipient"], r["channel"]) for r in notices) == sorted(
+        [(m, c) for m in FINANCE for c in ("hook", "mail")]
+        + [(m, "mail") for m in notify_world.LEADS])
+    await notifier.run_once()
+    assert {r["state"] for r in await _rows(world, request.approval_id)} == {"sent"}
+    told = [d for d in receiver.seen() if d.document()["approval_id"] == str(request.approval_id)
+            and d.document()["kind"] == "expired"]
+    assert sorted(d.document()["recipient"] for d in told) == sorted(FINANCE)
+    assert (await _audited(world, request.operation_id))[-2:] == [
+        "approval.escalated", "approval.expired"]
+    # Nothing runs: a late approval is refused, no command was admitted, no provider effect.
+    from agentledger import errors
+    with pytest.raises(errors.AgentLedgerError):
+        await _decide(world, t, request.approval_id, "user:lena")
+    async with world.owner.acquire() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM agent_command WHERE operation_id = $1",
+                                   request.operation_id) == 0
+    assert await world.effects(t, "refund.created") == []

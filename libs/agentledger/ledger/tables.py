@@ -377,6 +377,9 @@ approval_request.append_column(
     Column("required_approvals", Integer, nullable=False, server_default=text("1")))
 approval_request.append_column(Column("approver_role", Text))
 approval_request.append_column(Column("quorum_rule", Text))
+# Escalation (issue 42, migration 0043): when, and to which group, a request was escalated.
+approval_request.append_column(_ts("escalated_at"))
+approval_request.append_column(Column("escalated_to", Text))
 
 approval_vote = Table(
     "approval_vote",

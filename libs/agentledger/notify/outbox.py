@@ -53,30 +53,42 @@ class Router:
         """
         return cls(rules, routing.contact_kinds(rules)) if rules.channels else None
 
-    def group(self, a: approvals.Approval, kind: routing.Kind) -> str | None:
-        """The group a kind of notification of ``a`` goes to (None: nobody)."""
+    def groups(self, a: approvals.Approval, kind: routing.Kind,
+               escalated_to: str | None = None) -> list[str]:
+        """The groups a kind of notification of ``a`` goes to: the rule's group when it is
+        requested; the rule's ``escalate_to`` when escalated; both (if it was escalated) when
+        it expired. None matched a rule: nobody."""
         rule = self.rules.rule(a.quorum_rule)
         if rule is None:
-            return None
-        return rule.escalate_to if kind == "escalated" else rule.group
+            return []
+        if kind == "requested":
+            return [rule.group]
+        if kind == "escalated":
+            return [rule.escalate_to] if rule.escalate_to else []
+        return [rule.group] + ([escalated_to] if escalated_to else [])
 
-    def rows(self, a: approvals.Approval, kind: routing.Kind) -> list[dict[str, Any]]:
-        """The rows to write (pure)."""
-        group = self.group(a, kind)
+    def rows(self, a: approvals.Approval, kind: routing.Kind,
+             escalated_to: str | None = None) -> list[dict[str, Any]]:
+        """The rows to write (pure), one per key."""
         message = {"operation_id": str(a.operation_id), "action": a.action,
                    "required_approvals": a.required_approvals,
                    "expires_at": a.expires_at.isoformat()}
-        return [{"idempotency_key": key(a.approval_id, r.member, r.channel, kind),
-                 "tenant_id": str(a.tenant_id), "approval_id": str(a.approval_id),
-                 "kind": kind, "group_name": group, "recipient": r.member, "channel": r.channel,
-                 "address": r.address, "message": message}
-                for r in routing.recipients(self.rules, group, self.kinds)]
+        out: dict[str, dict[str, Any]] = {}
+        for group in self.groups(a, kind, escalated_to):
+            for r in routing.recipients(self.rules, group, self.kinds):
+                k = key(a.approval_id, r.member, r.channel, kind)
+                out.setdefault(k, {
+                    "idempotency_key": k, "tenant_id": str(a.tenant_id),
+                    "approval_id": str(a.approval_id), "kind": kind, "group_name": group,
+                    "recipient": r.member, "channel": r.channel, "address": r.address,
+                    "message": message})
+        return list(out.values())
 
     async def write(self, tx: ledger.Conn, a: approvals.Approval, kind: routing.Kind,
-                    now: datetime | None = None) -> int:
+                    now: datetime | None = None, escalated_to: str | None = None) -> int:
         """Write ``a``'s notifications of ``kind`` inside the caller's transaction; returns
         how many rows were planned (a row already written is left as it is)."""
-        rows = self.rows(a, kind)
+        rows = self.rows(a, kind, escalated_to)
         if rows:
             await tx.execute(Q["write_notifications"], json.dumps(rows),
                              now or a.created_at)

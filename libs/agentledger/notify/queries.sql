@@ -51,3 +51,25 @@ RETURNING *;
 -- name: for_approval --
 -- Every notification of one request (explain, tests).
 SELECT * FROM approval_notification WHERE approval_id = $1 ORDER BY created_at, idempotency_key;
+
+-- name: escalation_due --
+-- Pending requests of one rule undecided since before $2, not yet escalated, not expired at
+-- $3 (the notifier's clock), oldest first.
+SELECT * FROM approval_request
+WHERE state = 'pending' AND escalated_at IS NULL AND quorum_rule = $1
+  AND created_at <= $2 AND expires_at > $3
+ORDER BY created_at LIMIT $4;
+
+-- name: escalate --
+-- Escalate one request once: only while it is pending and not escalated yet.
+UPDATE approval_request SET escalated_at = $3, escalated_to = $4
+WHERE tenant_id = $1 AND approval_id = $2 AND state = 'pending' AND escalated_at IS NULL
+RETURNING *;
+
+-- name: expired_unnotified --
+-- Routed requests expired since $1 whose expiry notifications are not written yet.
+SELECT r.* FROM approval_request r
+WHERE r.state = 'expired' AND r.quorum_rule = ANY($2::text[]) AND r.decided_at >= $1
+  AND NOT EXISTS (SELECT 1 FROM approval_notification n
+                  WHERE n.approval_id = r.approval_id AND n.kind = 'expired')
+ORDER BY r.decided_at LIMIT $3;

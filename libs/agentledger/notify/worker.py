@@ -23,7 +23,7 @@ from typing import Final
 import asyncpg
 
 from agentledger import faults
-from agentledger.notify import outbox, plugins
+from agentledger.notify import escalation, outbox, plugins
 from agentledger.telemetry import metrics as telemetry_metrics
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,21 @@ class Notifier:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     batch: int = 50
     clock: Clock = system_clock
+    # Escalation and expiry notices (agentledger.notify.escalation); None: only deliveries.
+    router: outbox.Router | None = None
+
+    async def sweep(self) -> int:
+        """Escalate the requests whose window passed and announce the expired ones (at this
+        notifier's clock); returns how many requests it acted on."""
+        if self.router is None:
+            return 0
+        now = self.clock()
+        async with self.pool.acquire() as conn:
+            escalated = await escalation.escalate_due(conn, self.router, now=now)
+            expired = await escalation.announce_expired(conn, self.router, now=now)
+        for approval_id in escalated:
+            log.info("event=approval_escalated approval_id=%s", approval_id)
+        return len(escalated) + len(expired)
 
     async def run_once(self) -> int:
         """Claim one batch and settle every row of it; returns how many were claimed."""
