@@ -12,16 +12,26 @@ receiver (``seen``: what it recorded under a key) what arrived:
 - ``distinct_keys``: a notification with another key is recorded under that key, not the
   first (a plugin that sends a constant would make a receiver drop everything after one).
 
-Findings are :class:`agentledger.connectors.conformance.Finding`, as the connector kit's.
+Findings have the shape of the connector kit's (``claim``, ``holds``, ``detail``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
-from agentledger.connectors.conformance import Finding
 from agentledger.notify import plugins
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One claim: ``holds`` True or False, and what was seen."""
+
+    claim: str
+    holds: bool
+    detail: str
+
 
 # What the receiver recorded under a key: one entry per delivery that carried it.
 Seen = Callable[[str], Awaitable[int]]
@@ -56,4 +66,4 @@ async def _at_least(seen: Seen, key: str, n: int) -> bool:
     return await seen(key) >= n
 
 
-__all__ = ["Seen", "Settle", "check"]
+__all__ = ["Finding", "Seen", "Settle", "check"]
