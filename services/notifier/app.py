@@ -33,7 +33,8 @@ async def run(cfg: NotifierSettings | None = None, stop: asyncio.Event | None = 
     cfg = cfg or NotifierSettings.model_validate({})
     sources = shared.PolicySources()
     # A bad routing file stops the service here, naming every problem (as check-config).
-    rules = policy_check.load_approvals(sources.approvals, allowlist.Allowlist.load())
+    rules = policy_check.load_approvals(sources.approvals, allowlist.Allowlist.load(),
+                                        channels=True)
     built = channels(rules)
     try:
         async with services.started(database_url=cfg.database_url, role=cfg.db_role,

@@ -136,9 +136,24 @@ def test_check_config_names_what_routing_cannot_do(
     path = _write(tmp_path, _document(**change))
     report = check_mod.check(None, None, DEMO, approvals_path=path)
     assert report.problems == [problem]
-    with pytest.raises(errors.ConfigurationError) as refused:  # and the services will not start
-        check_mod.load_approvals(path, RULES)
+    with pytest.raises(errors.ConfigurationError) as refused:  # and the notifier will not start
+        check_mod.load_approvals(path, RULES, channels=True)
     assert refused.value.message == problem
+    if "channel hook: webhook" in problem or "channel mail: email" in problem:
+        # Admission, which never sends, needs neither the secret nor the channel's options.
+        assert check_mod.load_approvals(path, RULES).channels
+    else:  # nor does it start on anything else
+        with pytest.raises(errors.ConfigurationError):
+            check_mod.load_approvals(path, RULES)
+
+
+def test_admission_starts_without_the_signing_secret(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SECRET_ENV)
+    path = _write(tmp_path, _document())
+    assert check_mod.load_approvals(path, RULES).channels  # admission: no secret needed
+    with pytest.raises(errors.ConfigurationError, match=f"{SECRET_ENV} is not set"):
+        check_mod.load_approvals(path, RULES, channels=True)  # the notifier: refused
 
 
 def test_a_short_secret_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

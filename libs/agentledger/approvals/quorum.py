@@ -138,9 +138,11 @@ class ApprovalRules:
         version = "sha256:" + hashlib.sha256(canonical.canonical_bytes(document)).hexdigest()
         return cls(parsed.groups, parsed.rules, version, parsed.channels, parsed.format)
 
-    def problems(self, rules: allowlist_mod.Allowlist, approving_roles: frozenset[str]
-                 ) -> list[str]:
-        """What cannot work with these actions and the roles the policies let approve."""
+    def problems(self, rules: allowlist_mod.Allowlist, approving_roles: frozenset[str],
+                 *, channels: bool = True) -> list[str]:
+        """What cannot work with these actions and the roles the policies let approve
+        (``channels``: also build each routing channel, as the notifier will — its options
+        and signing secrets; without, only that its plugin is installed)."""
         found: list[str] = []
         for name, group in sorted(self.groups.items()):
             if group.role not in approving_roles:
@@ -169,7 +171,7 @@ class ApprovalRules:
                 if not isinstance(prop, Mapping) or prop.get("type") != "integer":
                     found.append(f"{where}: {rule.action}.{rule.argument} is not an integer "
                                  "argument")
-        return found + routing.problems(self)
+        return found + routing.problems(self, build=channels)
 
     def quorum(self, action: str, arguments: Mapping[str, Any]) -> Quorum:
         """What a request of ``action`` with these (validated) arguments needs (pure)."""

@@ -73,12 +73,14 @@ def _routed(found: ApprovalRules) -> bool:
                 or any(r.escalate_to or r.escalate_after for r in found.rules))
 
 
-def problems(found: ApprovalRules, *,
+def problems(found: ApprovalRules, *, build: bool = True,
              make: plugins.Make | None = None) -> list[str]:
     """What cannot work in the file's routing: every problem, each naming where.
 
-    ``make`` builds a channel's notifier (default: the installed plugins), so a missing
-    secret or a bad option is found here, not at the first notification.
+    With ``build``, each channel's notifier is built (``make``, default the installed
+    plugins), so a missing secret or a bad option is found here, not at the first
+    notification: check-config and the notifier. Without, only that each plugin is
+    installed: admission, which writes the notifications and never holds a signing secret.
     """
     make = make or plugins.make
     out: list[str] = []
@@ -88,11 +90,10 @@ def problems(found: ApprovalRules, *,
     contact_kinds: dict[str, plugins.ContactKind] = {}
     for name, channel in sorted(found.channels.items()):
         try:
-            notifier = make(channel.plugin, channel.options)
+            contact_kinds[name] = (make(channel.plugin, channel.options).contact if build
+                                   else plugins.declared_contact(channel.plugin))
         except errors.ConfigurationError as exc:
             out.append(f"approval channel {name}: {exc.message}")
-            continue
-        contact_kinds[name] = notifier.contact
     for gname, group in sorted(found.groups.items()):
         where = f"approval group {gname}"
         for stranger in sorted(set(group.contacts) - set(group.members)):

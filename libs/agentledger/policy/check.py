@@ -121,9 +121,10 @@ def check(allowlist_path: Path | None, policy_dir: Path | None,
     return report
 
 
-def load_approvals(approvals_path: Path | None,
-                   rules: allowlist_mod.Allowlist) -> quorum_mod.ApprovalRules:
-    """The operator's N-of-M approval rules for a service about to start on ``rules``.
+def load_approvals(approvals_path: Path | None, rules: allowlist_mod.Allowlist, *,
+                   channels: bool = False) -> quorum_mod.ApprovalRules:
+    """The operator's N-of-M approval rules for a service about to start on ``rules``
+    (``channels``: the notifier, which sends — each channel built, secrets and all).
 
     Raises:
         ConfigurationError: naming every problem (as ``check-config`` does).
@@ -132,7 +133,7 @@ def load_approvals(approvals_path: Path | None,
         found = quorum_mod.ApprovalRules.load(approvals_path)
     except errors.ValidationFailed as exc:
         raise errors.ConfigurationError(exc.message) from exc
-    problems = found.problems(rules, policy_repo.APPROVING_ROLES)
+    problems = found.problems(rules, policy_repo.APPROVING_ROLES, channels=channels)
     if problems:
         raise errors.ConfigurationError("; ".join(problems))
     return found
