@@ -24,8 +24,10 @@ CREATE TABLE approval_notification (
   channel         text        NOT NULL CHECK (length(channel) BETWEEN 1 AND 64),
   address         text        NOT NULL CHECK (length(address) BETWEEN 1 AND 2000),
   message         jsonb       NOT NULL,
+  -- cancelled: the request was decided (or superseded, or expired) before this request or
+  -- escalation notice went out; nobody is asked to decide what is already closed.
   state           text        NOT NULL DEFAULT 'pending'
-                              CHECK (state IN ('pending', 'sent', 'failed')),
+                              CHECK (state IN ('pending', 'sent', 'failed', 'cancelled')),
   attempts        integer     NOT NULL DEFAULT 0 CHECK (attempts >= 0),
   -- When the row may be claimed: now for a new row, the lease's end while a worker holds it,
   -- the backoff's end after a failed attempt.

@@ -745,7 +745,7 @@ CREATE TABLE public.approval_notification (
     CONSTRAINT approval_notification_last_error_check CHECK ((length(last_error) <= 500)),
     CONSTRAINT approval_notification_lease_owner_check CHECK (((length(lease_owner) >= 1) AND (length(lease_owner) <= 200))),
     CONSTRAINT approval_notification_recipient_check CHECK (((length(recipient) >= 1) AND (length(recipient) <= 200))),
-    CONSTRAINT approval_notification_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'sent'::text, 'failed'::text])))
+    CONSTRAINT approval_notification_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'sent'::text, 'failed'::text, 'cancelled'::text])))
 );
 
 ALTER TABLE ONLY public.approval_notification FORCE ROW LEVEL SECURITY;

@@ -345,8 +345,8 @@ async def _audited(w: World, op: uuid.UUID) -> list[str]:
             "ORDER BY seq", op)]
 
 
-async def _decide(w: World, t: Tenant, approval_id: uuid.UUID, approver: str
-                  ) -> tuple[approvals.Approval, object]:
+async def _decide(w: World, t: Tenant, approval_id: uuid.UUID, approver: str, *,
+                  approve: bool = True) -> tuple[approvals.Approval, object]:
     from agentledger.approvals import rules as approval_rules
     from agentledger.ledger import keys
     from tests.integration.executor_world import RULES
@@ -359,7 +359,7 @@ async def _decide(w: World, t: Tenant, approval_id: uuid.UUID, approver: str
         return await approval_rules.decide(
             conn, authorizer=w.authorizer, allowlist=RULES, cipher=keys.PayloadCipher(w.master),
             revision=no_revision, tenant_id=t.tenant_id, approver_id=approver,
-            approval_id=approval_id, approve=True, shown_hash=pending.hash_hex,
+            approval_id=approval_id, approve=approve, shown_hash=pending.hash_hex,
             reason="checked")
 
 
@@ -441,7 +441,10 @@ async def test_after_expiry_both_groups_are_told_and_nothing_runs(
         [(m, c) for m in FINANCE for c in ("hook", "mail")]
         + [(m, "mail") for m in notify_world.LEADS])
     await notifier.run_once()
-    assert {r["state"] for r in await _rows(world, request.approval_id)} == {"sent"}
+    # The request and escalation notices never went out before it expired: not sent now
+    # (nobody is asked to decide a closed request); the expiry notices are.
+    assert {(r["kind"], r["state"]) for r in await _rows(world, request.approval_id)} == {
+        ("requested", "cancelled"), ("escalated", "cancelled"), ("expired", "sent")}
     told = [d for d in receiver.seen() if d.document()["approval_id"] == str(request.approval_id)
             and d.document()["kind"] == "expired"]
     assert sorted(d.document()["recipient"] for d in told) == sorted(FINANCE)
@@ -455,3 +458,21 @@ async def test_after_expiry_both_groups_are_told_and_nothing_runs(
         assert await conn.fetchval("SELECT count(*) FROM agent_command WHERE operation_id = $1",
                                    request.operation_id) == 0
     assert await world.effects(t, "refund.created") == []
+
+
+async def test_a_request_decided_before_its_notices_went_out_is_not_announced(
+        world: World, receiver: webhook_receiver.Receiver, mail: mailpit.Mailpit,
+        notifier_pool: asyncpg.Pool) -> None:
+    t = await world.tenant()
+    rules = _rules(receiver, mail)
+    request = await _pending(world, t, rules)
+    denied, _ = await _decide(world, t, request.approval_id, "user:fiona", approve=False)
+    assert denied.state == "denied"
+    notifier = _notifier(notifier_pool, rules, Clock())
+    assert await notifier.run_once() == 6
+    rows = await _rows(world, request.approval_id)
+    assert {(r["state"], r["last_error"]) for r in rows} == {
+        ("cancelled", "the request is denied")}
+    assert receiver.seen() == []
+    for r in rows:  # and nothing reached Mailpit under any of its keys
+        assert mail.messages(f"{r['idempotency_key']}@{notify_world.DOMAIN}") == []

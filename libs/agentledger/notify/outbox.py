@@ -113,6 +113,13 @@ class Claimed:
     address: str
     message: Mapping[str, Any]
     attempts: int
+    request_state: str = "pending"  # the request's state when claimed
+
+    @property
+    def moot(self) -> bool:
+        """Whether the request closed before this notice went out: asking someone to decide
+        (``requested``, ``escalated``) what is already decided, superseded or expired."""
+        return self.kind != "expired" and self.request_state != "pending"
 
     @classmethod
     def from_row(cls, row: Any) -> Claimed:
@@ -121,7 +128,7 @@ class Claimed:
                    cast(routing.Kind, row["kind"]), row["group_name"], row["recipient"],
                    row["channel"], row["address"],
                    json.loads(message) if isinstance(message, str) else message,
-                   row["attempts"])
+                   row["attempts"], row.get("request_state") or "pending")
 
     def notification(self, console_url: str) -> plugins.Notification:
         return plugins.Notification(
@@ -145,6 +152,13 @@ async def mark_sent(conn: ledger.Conn, c: Claimed, *, worker: str, now: datetime
     """Whether this worker's mark counted (False: its lease passed and another took over)."""
     async with ledger.transaction(conn, None) as tx:
         return await tx.fetchval(Q["mark_sent"], c.key, worker, now) is not None
+
+
+async def cancel(conn: ledger.Conn, c: Claimed, *, worker: str) -> bool:
+    """Do not send a notice whose request closed (:attr:`Claimed.moot`)."""
+    async with ledger.transaction(conn, None) as tx:
+        return await tx.fetchval(Q["cancel"], c.key, worker,
+                                 f"the request is {c.request_state}") is not None
 
 
 async def back_off(conn: ledger.Conn, c: Claimed, *, worker: str, until: datetime,
@@ -175,5 +189,5 @@ async def for_approval(conn: ledger.Conn, approval_id: UUID) -> list[dict[str, A
         return [dict(r) for r in await tx.fetch(Q["for_approval"], approval_id)]
 
 
-__all__ = ["Claimed", "Router", "back_off", "claim", "for_approval", "key", "link",
+__all__ = ["Claimed", "Router", "back_off", "cancel", "claim", "for_approval", "key", "link",
            "mark_failed", "mark_sent"]

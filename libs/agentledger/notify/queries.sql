@@ -24,7 +24,8 @@ WITH due AS (
 UPDATE approval_notification n
 SET lease_owner = $1, next_attempt_at = $3, attempts = n.attempts + 1
 FROM due WHERE n.idempotency_key = due.idempotency_key
-RETURNING n.*;
+RETURNING n.*, (SELECT r.state FROM approval_request r
+                WHERE r.approval_id = n.approval_id) AS request_state;
 
 -- name: mark_sent --
 -- The receiver accepted it. Only the lease holder's mark counts; a row another worker took
@@ -47,6 +48,13 @@ UPDATE approval_notification
 SET state = 'failed', lease_owner = NULL, last_error = $3
 WHERE idempotency_key = $1 AND lease_owner = $2 AND state = 'pending'
 RETURNING *;
+
+-- name: cancel --
+-- The request closed before this notice went out: it is not sent.
+UPDATE approval_notification
+SET state = 'cancelled', lease_owner = NULL, last_error = $3
+WHERE idempotency_key = $1 AND lease_owner = $2 AND state = 'pending'
+RETURNING idempotency_key;
 
 -- name: for_approval --
 -- Every notification of one request (explain, tests).

@@ -5,6 +5,9 @@ a claim is a lease, so a worker killed between the send and the mark (fault poin
 ``notifier.after_send``) leaves the row pending; when the lease passes another worker (or
 this one restarted) sends it again, with the same key. Receivers dedupe by the key.
 
+A ``requested`` or ``escalated`` notice whose request closed before it went out (decided,
+superseded, expired) is ``cancelled``, not sent: nobody is asked to decide what is closed.
+
 An attempt the plugin classifies ``retry`` is claimable again after an exponential backoff;
 after ``max_attempts`` claims, or on a ``permanent`` answer, the row is ``failed`` with an
 audit event and a metric: never an unbounded retry.
@@ -94,6 +97,12 @@ class Notifier:
         return len(claimed)
 
     async def _deliver(self, c: outbox.Claimed) -> None:
+        if c.moot:
+            async with self.pool.acquire() as conn:
+                await outbox.cancel(conn, c, worker=self.worker_id)
+            log.info("event=notification_cancelled key=%s approval_id=%s request_state=%s",
+                     c.key, c.approval_id, c.request_state)
+            return
         channel = self.channels.get(c.channel)
         plugin = self.plugin_of.get(c.channel, "unknown")
         if channel is None:
