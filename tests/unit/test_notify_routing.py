@@ -83,6 +83,19 @@ def test_a_routed_file_checks_and_routes_the_rule_group(tmp_path: Path) -> None:
     assert rule.escalate_after.total_seconds() == 3600
 
 
+def test_check_config_shows_the_escalation(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from agentledger import cli
+
+    ran = CliRunner().invoke(cli.app, ["check-config", "--approvals",
+                                       str(_write(tmp_path, _document()))])
+    assert ran.exit_code == 0, ran.output
+    assert ("approval rule large-refunds: billing.refund.create with amount_minor above 50000 "
+            "needs 2 of 3 approvers of role finance-approver (group finance), escalated to "
+            "leads after PT1H") in " ".join(ran.output.split())
+
+
 def test_a_v1_file_stays_valid_and_routes_nowhere(tmp_path: Path) -> None:
     doc = {"format": quorum.FILE_FORMAT,
            "groups": {"finance": {"role": "finance-approver", "members": MEMBERS}},

@@ -110,7 +110,7 @@ def check(allowlist_path: Path | None, policy_dir: Path | None,
     try:
         approval_rules = quorum_mod.ApprovalRules.load(approvals_path)
         report.approvals_version = approval_rules.version
-        report.quorum_rules = [r.model_dump(exclude_none=True) | {
+        report.quorum_rules = [r.model_dump(mode="json", exclude_none=True) | {
             "role": approval_rules.groups[r.group].role if r.group in approval_rules.groups
             else None, "members": list(approval_rules.members(r.name))}
             for r in approval_rules.rules]
