@@ -199,7 +199,7 @@ def launch(opts: Options, step: Step, progress: Step = _quiet) -> World:
     # reads the principal directory and the ledger only (agentledger_auditor).
     login_urls = asyncio.run(logins.ensure(
         ledger_url, ("admission", "executor", "reconciler", "relay", "console", "ingress",
-                     "mcp")))
+                     "mcp", "notifier")))
 
     step("starting the CRM stand-in, the fake model, Mailpit (SMTP) and Keycloak")
     shutil.rmtree(opts.home / "mailpit", ignore_errors=True)  # the previous run's messages
@@ -328,6 +328,9 @@ def launch(opts: Options, step: Step, progress: Step = _quiet) -> World:
             "AGENTLEDGER_MCP_EXCHANGE_KEY": exchange_private,
             "AGENTLEDGER_MCP_EXCHANGE_KID": MCP_EXCHANGE_KID},
     }
+    # Approval notifications (issue 42): the demo's approval file routes nothing, so it sends
+    # nothing; with a v2 file in AGENTLEDGER_APPROVALS it tells the routed approvers.
+    env["notifier"] = {"AGENTLEDGER_NOTIFIER_CONSOLE_URL": url["console"]}
     for connector in ("crm", "billing", "crmhttp"):  # crmhttp: the CRM's API, declared
         env[f"executor-{connector}"] = {
             "AGENTLEDGER_EXECUTOR_CONNECTOR": connector,
@@ -356,6 +359,8 @@ def launch(opts: Options, step: Step, progress: Step = _quiet) -> World:
         "ingress": processes.http_ok(f"{url['ingress']}/readyz"),
         "console": processes.http_ok(f"{url['console']}/readyz"),
         "mcp": processes.http_ok(f"{url['mcp']}/healthz"),
+        "notifier": processes.log_contains(opts.home / "logs" / "notifier.log",
+                                           "event=notifier_started"),
     }
     step(f"starting {len(env)} services: " + ", ".join(env))
     module = {"executor-crm": "executor", "executor-billing": "executor",

@@ -716,6 +716,41 @@ CREATE TABLE public.agentledger_migrations (
 );
 
 --
+-- Name: approval_notification; Type: TABLE; Schema: public
+--
+
+CREATE TABLE public.approval_notification (
+    idempotency_key text NOT NULL,
+    tenant_id uuid NOT NULL,
+    approval_id uuid NOT NULL,
+    kind text NOT NULL,
+    group_name text NOT NULL,
+    recipient text NOT NULL,
+    channel text NOT NULL,
+    address text NOT NULL,
+    message jsonb NOT NULL,
+    state text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    next_attempt_at timestamp with time zone DEFAULT now() NOT NULL,
+    lease_owner text,
+    last_error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    sent_at timestamp with time zone,
+    CONSTRAINT approval_notification_address_check CHECK (((length(address) >= 1) AND (length(address) <= 2000))),
+    CONSTRAINT approval_notification_attempts_check CHECK ((attempts >= 0)),
+    CONSTRAINT approval_notification_channel_check CHECK (((length(channel) >= 1) AND (length(channel) <= 64))),
+    CONSTRAINT approval_notification_group_name_check CHECK (((length(group_name) >= 1) AND (length(group_name) <= 64))),
+    CONSTRAINT approval_notification_idempotency_key_check CHECK (((length(idempotency_key) >= 1) AND (length(idempotency_key) <= 200))),
+    CONSTRAINT approval_notification_kind_check CHECK ((kind = ANY (ARRAY['requested'::text, 'escalated'::text, 'expired'::text]))),
+    CONSTRAINT approval_notification_last_error_check CHECK ((length(last_error) <= 500)),
+    CONSTRAINT approval_notification_lease_owner_check CHECK (((length(lease_owner) >= 1) AND (length(lease_owner) <= 200))),
+    CONSTRAINT approval_notification_recipient_check CHECK (((length(recipient) >= 1) AND (length(recipient) <= 200))),
+    CONSTRAINT approval_notification_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'sent'::text, 'failed'::text, 'cancelled'::text])))
+);
+
+ALTER TABLE ONLY public.approval_notification FORCE ROW LEVEL SECURITY;
+
+--
 -- Name: approval_request; Type: TABLE; Schema: public
 --
 
@@ -754,14 +789,16 @@ CREATE TABLE public.approval_request (
     required_approvals integer DEFAULT 1 NOT NULL,
     approver_role text,
     quorum_rule text,
-    narrowed_from uuid,
+    escalated_at timestamp with time zone,
+    escalated_to text,
     CONSTRAINT approval_request_approver_role_check CHECK (((length(approver_role) >= 1) AND (length(approver_role) <= 100))),
     CONSTRAINT approval_request_check CHECK (((state = 'pending'::text) OR (decided_at IS NOT NULL))),
+    CONSTRAINT approval_request_escalated_to_check CHECK (((length(escalated_to) >= 1) AND (length(escalated_to) <= 64))),
     CONSTRAINT approval_request_payload_kept CHECK (((state <> 'pending'::text) OR ((payload_ciphertext IS NOT NULL) AND (payload_key_version IS NOT NULL)))),
     CONSTRAINT approval_request_quorum_rule_check CHECK (((length(quorum_rule) >= 1) AND (length(quorum_rule) <= 64))),
     CONSTRAINT approval_request_request_hash_check CHECK ((octet_length(request_hash) = 32)),
     CONSTRAINT approval_request_required_approvals_check CHECK (((required_approvals >= 1) AND (required_approvals <= 20))),
-    CONSTRAINT approval_request_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'approved'::text, 'denied'::text, 'expired'::text, 'superseded'::text, 'narrowed'::text])))
+    CONSTRAINT approval_request_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'approved'::text, 'denied'::text, 'expired'::text, 'superseded'::text])))
 );
 
 ALTER TABLE ONLY public.approval_request FORCE ROW LEVEL SECURITY;
@@ -1141,6 +1178,13 @@ ALTER TABLE ONLY public.agentledger_migrations
     ADD CONSTRAINT agentledger_migrations_pkey PRIMARY KEY (version);
 
 --
+-- Name: approval_notification approval_notification_pkey; Type: CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.approval_notification
+    ADD CONSTRAINT approval_notification_pkey PRIMARY KEY (idempotency_key);
+
+--
 -- Name: approval_request approval_request_pkey; Type: CONSTRAINT; Schema: public
 --
 
@@ -1286,10 +1330,22 @@ CREATE INDEX agent_command_pending_age ON public.agent_command USING btree (upda
 CREATE INDEX agent_command_recoverable ON public.agent_command USING btree (state, lease_until) WHERE (state = ANY (ARRAY['dispatching'::text, 'unknown'::text]));
 
 --
--- Name: approval_request_narrowed_once; Type: INDEX; Schema: public
+-- Name: approval_notification_by_approval; Type: INDEX; Schema: public
 --
 
-CREATE UNIQUE INDEX approval_request_narrowed_once ON public.approval_request USING btree (narrowed_from) WHERE (narrowed_from IS NOT NULL);
+CREATE INDEX approval_notification_by_approval ON public.approval_notification USING btree (approval_id);
+
+--
+-- Name: approval_notification_due; Type: INDEX; Schema: public
+--
+
+CREATE INDEX approval_notification_due ON public.approval_notification USING btree (next_attempt_at) WHERE (state = 'pending'::text);
+
+--
+-- Name: approval_request_escalation_due; Type: INDEX; Schema: public
+--
+
+CREATE INDEX approval_request_escalation_due ON public.approval_request USING btree (created_at) WHERE ((state = 'pending'::text) AND (escalated_at IS NULL) AND (quorum_rule IS NOT NULL));
 
 --
 -- Name: approval_request_one_pending; Type: INDEX; Schema: public
@@ -1391,14 +1447,14 @@ CREATE TRIGGER budget_charge_on_command_end AFTER UPDATE OF state ON public.agen
 -- Name: approval_request budget_charge_on_request_end; Type: TRIGGER; Schema: public
 --
 
-CREATE TRIGGER budget_charge_on_request_end AFTER UPDATE OF state ON public.approval_request FOR EACH ROW WHEN (((old.state = 'pending'::text) AND (new.state = ANY (ARRAY['denied'::text, 'expired'::text, 'superseded'::text, 'narrowed'::text])))) EXECUTE FUNCTION public.agentledger_budget_on_request_end_v1();
+CREATE TRIGGER budget_charge_on_request_end AFTER UPDATE OF state ON public.approval_request FOR EACH ROW WHEN (((old.state = 'pending'::text) AND (new.state = ANY (ARRAY['denied'::text, 'expired'::text, 'superseded'::text])))) EXECUTE FUNCTION public.agentledger_budget_on_request_end_v1();
 
 --
--- Name: approval_request approval_request_narrowed_from_fkey; Type: FK CONSTRAINT; Schema: public
+-- Name: approval_notification approval_notification_approval_id_fkey; Type: FK CONSTRAINT; Schema: public
 --
 
-ALTER TABLE ONLY public.approval_request
-    ADD CONSTRAINT approval_request_narrowed_from_fkey FOREIGN KEY (narrowed_from) REFERENCES public.approval_request(approval_id);
+ALTER TABLE ONLY public.approval_notification
+    ADD CONSTRAINT approval_notification_approval_id_fkey FOREIGN KEY (approval_id) REFERENCES public.approval_request(approval_id);
 
 --
 -- Name: approval_request approval_request_superseded_by_fkey; Type: FK CONSTRAINT; Schema: public
@@ -1447,6 +1503,12 @@ ALTER TABLE ONLY public.command_resolution
 --
 
 ALTER TABLE public.agent_command ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: approval_notification; Type: ROW SECURITY; Schema: public
+--
+
+ALTER TABLE public.approval_notification ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: approval_request; Type: ROW SECURITY; Schema: public
@@ -1587,6 +1649,30 @@ CREATE POLICY notary_publishes ON public.event_outbox FOR INSERT TO agentledger_
 CREATE POLICY notary_reads ON public.audit_event FOR SELECT TO agentledger_notary USING (true);
 
 --
+-- Name: event_outbox notifier_audits; Type: POLICY; Schema: public
+--
+
+CREATE POLICY notifier_audits ON public.event_outbox FOR INSERT TO agentledger_notifier WITH CHECK (((aggregatetype = 'audit'::text) AND (type ~~ 'approval.%'::text)));
+
+--
+-- Name: approval_request notifier_escalates; Type: POLICY; Schema: public
+--
+
+CREATE POLICY notifier_escalates ON public.approval_request FOR UPDATE TO agentledger_notifier USING (((state = 'pending'::text) AND (escalated_at IS NULL))) WITH CHECK ((state = 'pending'::text));
+
+--
+-- Name: approval_request notifier_reads; Type: POLICY; Schema: public
+--
+
+CREATE POLICY notifier_reads ON public.approval_request FOR SELECT TO agentledger_notifier USING (true);
+
+--
+-- Name: approval_notification notifier_sends; Type: POLICY; Schema: public
+--
+
+CREATE POLICY notifier_sends ON public.approval_notification TO agentledger_notifier USING (true) WITH CHECK (true);
+
+--
 -- Name: policy_decision; Type: ROW SECURITY; Schema: public
 --
 
@@ -1687,6 +1773,12 @@ ALTER TABLE public.tenant_data_key ENABLE ROW LEVEL SECURITY;
 --
 
 CREATE POLICY tenant_isolation ON public.agent_command TO agentledger_admission, agentledger_executor, agentledger_reconciler, agentledger_auditor USING ((tenant_id = public.agentledger_current_tenant())) WITH CHECK ((tenant_id = public.agentledger_current_tenant()));
+
+--
+-- Name: approval_notification tenant_isolation; Type: POLICY; Schema: public
+--
+
+CREATE POLICY tenant_isolation ON public.approval_notification TO agentledger_admission, agentledger_auditor USING ((tenant_id = public.agentledger_current_tenant())) WITH CHECK ((tenant_id = public.agentledger_current_tenant()));
 
 --
 -- Name: approval_request tenant_isolation; Type: POLICY; Schema: public
@@ -2040,6 +2132,14 @@ GRANT UPDATE(contradiction) ON TABLE public.agent_command TO agentledger_executo
 GRANT UPDATE(contradiction) ON TABLE public.agent_command TO agentledger_reconciler;
 
 --
+-- Name: TABLE approval_notification; Type: ACL; Schema: public
+--
+
+GRANT SELECT,INSERT ON TABLE public.approval_notification TO agentledger_admission;
+GRANT SELECT ON TABLE public.approval_notification TO agentledger_auditor;
+GRANT SELECT,INSERT,UPDATE ON TABLE public.approval_notification TO agentledger_notifier;
+
+--
 -- Name: TABLE approval_request; Type: ACL; Schema: public
 --
 
@@ -2048,6 +2148,7 @@ GRANT SELECT ON TABLE public.approval_request TO agentledger_auditor;
 GRANT SELECT ON TABLE public.approval_request TO agentledger_reconciler;
 GRANT SELECT ON TABLE public.approval_request TO agentledger_sweeper;
 GRANT SELECT ON TABLE public.approval_request TO agentledger_maintenance;
+GRANT SELECT ON TABLE public.approval_request TO agentledger_notifier;
 
 --
 -- Name: COLUMN approval_request.payload_ciphertext; Type: ACL; Schema: public
@@ -2132,10 +2233,16 @@ GRANT UPDATE(evidence_key_version) ON TABLE public.approval_request TO agentledg
 GRANT UPDATE(payload_purged_at) ON TABLE public.approval_request TO agentledger_maintenance;
 
 --
--- Name: COLUMN approval_request.narrowed_from; Type: ACL; Schema: public
+-- Name: COLUMN approval_request.escalated_at; Type: ACL; Schema: public
 --
 
-GRANT UPDATE(narrowed_from) ON TABLE public.approval_request TO agentledger_admission;
+GRANT UPDATE(escalated_at) ON TABLE public.approval_request TO agentledger_notifier;
+
+--
+-- Name: COLUMN approval_request.escalated_to; Type: ACL; Schema: public
+--
+
+GRANT UPDATE(escalated_to) ON TABLE public.approval_request TO agentledger_notifier;
 
 --
 -- Name: TABLE approval_vote; Type: ACL; Schema: public
@@ -2304,6 +2411,7 @@ GRANT SELECT,DELETE ON TABLE public.event_outbox TO agentledger_relay;
 GRANT INSERT ON TABLE public.event_outbox TO agentledger_budget_keeper;
 GRANT INSERT ON TABLE public.event_outbox TO agentledger_sweeper;
 GRANT INSERT ON TABLE public.event_outbox TO agentledger_budget_counter;
+GRANT INSERT ON TABLE public.event_outbox TO agentledger_notifier;
 GRANT INSERT ON TABLE public.event_outbox TO agentledger_notary;
 
 --
@@ -2346,6 +2454,7 @@ GRANT SELECT ON TABLE public.tenant_data_key TO agentledger_reconciler;
 -- agentledger_ingress: NOLOGIN
 -- agentledger_maintenance: NOLOGIN
 -- agentledger_notary: NOLOGIN
+-- agentledger_notifier: NOLOGIN
 -- agentledger_planner: NOLOGIN
 -- agentledger_reconciler: NOLOGIN
 -- agentledger_relay: NOLOGIN REPLICATION

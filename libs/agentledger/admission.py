@@ -33,6 +33,7 @@ from agentledger.contracts import admission as admission_contract
 from agentledger.contracts import common, outcomes
 from agentledger.contracts.proposals import ProposalV1
 from agentledger.ledger import admitbatch, batchcommit, groupcommit, keys, repository
+from agentledger.notify import outbox as notify_outbox
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import cedar
 from agentledger.policy import decision as decision_mod
@@ -117,6 +118,10 @@ class Admitter:
     clock: operator_budgets.Clock = operator_budgets.system_clock
     # The operator's N-of-M approval rules (issue 42): who, and how many, must approve.
     approval_rules: quorum_mod.ApprovalRules = field(default_factory=quorum_mod.ApprovalRules.empty)
+    # Who a pending request is routed to (issue 42): its notifications are written with it;
+    # built from ``approval_rules`` when first needed (tests swap the rules after creation).
+    _router: tuple[quorum_mod.ApprovalRules, notify_outbox.Router | None] | None = field(
+        init=False, repr=False, default=None)
     decision_ttl: timedelta = DEFAULT_DECISION_TTL
     approval_ttl: timedelta = DEFAULT_APPROVAL_TTL
     # Admission transactions of one tenant that overlap share one COMMIT (group commit);
@@ -134,6 +139,13 @@ class Admitter:
         self.batches = batchcommit.BatchCommit(
             self.pool, body=self._decide_batch, alone=self._decide_alone,
             max_batch=self.batch_size)
+
+    @property
+    def notifications(self) -> notify_outbox.Router | None:
+        """The router of ``approval_rules`` (None: the file routes nowhere)."""
+        if self._router is None or self._router[0] is not self.approval_rules:
+            self._router = (self.approval_rules, notify_outbox.Router.of(self.approval_rules))
+        return self._router[1]
 
     async def admit(
         self, proposal: ProposalV1, *, trace: common.TraceContext | None = None
@@ -558,7 +570,8 @@ class Admitter:
             evidence=[{k: v for k, v in e.items() if k != "excerpt"} for e in full],
             evidence_ciphertext=sealed[0], evidence_key_version=sealed[1], charges=charges,
             quorum=quorum,
-        ), also=record, audit=_proposal_audit(proposal, spec))
+        ), also=record, audit=_proposal_audit(proposal, spec),
+            routed=router.requested if (router := self.notifications) else None)
         if requested.status == "budget_refused":
             assert requested.refused_by is not None
             return AdmissionResultV1.refused(budget_refusal(requested.refused_by),

@@ -30,6 +30,7 @@ POINTS = frozenset({
     "relay.after_sweep",               # acknowledged rows deleted, their LSN not yet flushed
     "relay.after_slot_created",        # slot created, its pre-slot rows not yet published
     "reconciler.mid_lookup",
+    "notifier.after_send",             # a notification delivered, its row not yet marked sent
 })
 
 

@@ -32,6 +32,8 @@ SERVICES: Final[dict[str, tuple[tuple[str, ...], bool]]] = {
     "ingress": (("agentledger_ingress",), False),
     # Reads only: the principal directory at every request, the ledger for its status tool.
     "mcp": (("agentledger_auditor",), False),
+    # The approval notification outbox (0042), across tenants; nothing of the ledger's.
+    "notifier": (("agentledger_notifier",), False),
 }
 
 

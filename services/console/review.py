@@ -26,6 +26,7 @@ from agentledger.audit import explain as audit_explain
 from agentledger.budgets import rules as budget_rules
 from agentledger.ledger import keys
 from agentledger.ledger import repository as ledger
+from agentledger.notify import outbox as notify_outbox
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import repository as policy_repo
 from agentledger.resources import crm_client
@@ -211,6 +212,12 @@ class Console:
     approval_rules: quorum.ApprovalRules = field(default_factory=quorum.ApprovalRules.empty)
     budgets: budget_rules.Budgets = field(default_factory=budget_rules.Budgets)
 
+    @property
+    def router(self) -> notify_outbox.Router | None:
+        """Who a narrowed request that still needs votes is announced to (issue 42): the
+        same routing admission writes with a new request (None: the file routes nowhere)."""
+        return notify_outbox.Router.of(self.approval_rules)
+
     async def listing(self, session: identity.Session, state: approvals.State = "pending"
                       ) -> list[Review]:
         """The signed-in tenant's requests in one state (no CRM reads: a list stays fast)."""
@@ -315,4 +322,5 @@ class Console:
                 revision=self.records.revision, approval_rules=self.approval_rules,
                 budgets=self.budgets, tenant_id=session.tenant_id,
                 approver_id=session.principal_id, approval_id=approval_id,
-                shown_hash=shown_hash, arguments=arguments, reason=reason)
+                shown_hash=shown_hash, arguments=arguments, reason=reason,
+                routed=router.requested if (router := self.router) else None)

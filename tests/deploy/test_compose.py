@@ -25,6 +25,7 @@ from agentledger.services.console.settings import ConsoleSettings
 from agentledger.services.crm.settings import Settings as CrmSettings
 from agentledger.services.executor.settings import ExecutorSettings
 from agentledger.services.ingress.settings import IngressSettings
+from agentledger.services.notifier.settings import NotifierSettings
 from agentledger.services.planner.settings import PlannerSettings
 from agentledger.services.reconciler.settings import ReconcilerSettings
 from agentledger.services.relay.settings import Settings as RelaySettings
@@ -36,12 +37,12 @@ IMAGE = "agentledger:dev"
 SETTINGS: dict[str, type[BaseSettings]] = {
     "admission": AdmissionSettings, "console": ConsoleSettings, "crm": CrmSettings,
     "executor": ExecutorSettings, "ingress": IngressSettings, "planner": PlannerSettings, "reconciler": ReconcilerSettings,
-    "relay": RelaySettings,
+    "relay": RelaySettings, "notifier": NotifierSettings,
 }
 APP_SERVICES = {
     "crm": "crm", "ingress": "ingress", "planner": "planner", "admission": "admission",
     "relay": "relay", "executor-crm": "executor", "executor-billing": "executor",
-    "reconciler": "reconciler", "console": "console",
+    "reconciler": "reconciler", "console": "console", "notifier": "notifier",
 }
 SHARED = {"AGENTLEDGER_DATABASE_URL", "AGENTLEDGER_KAFKA_BOOTSTRAP", "AGENTLEDGER_MASTER_KEY",
           "AGENTLEDGER_PROFILE"}
@@ -51,7 +52,7 @@ SHARED = {"AGENTLEDGER_DATABASE_URL", "AGENTLEDGER_KAFKA_BOOTSTRAP", "AGENTLEDGE
 NEEDS = {"admission": {"allowlist": True, "policies": True, "connectors": True},
          "executor": {"allowlist": True, "policies": True, "connectors": True},
          "reconciler": {"connectors": True}, "planner": {"allowlist": True, "connectors": True},
-         "console": {"allowlist": True, "policies": True}}
+         "console": {"allowlist": True, "policies": True}, "notifier": {"allowlist": True}}
 
 
 def _compose_binary() -> Path | None:

@@ -47,7 +47,7 @@ HTTP_WORKLOADS = {"ingress", "console", "crm-read", "crm-write"}
 SERVICE_OF = {  # Deployment -> the service module it runs (for its settings class)
     "ingress": "ingress", "planner": "planner", "admission": "admission", "relay": "relay",
     "executor-crm": "executor", "executor-billing": "executor", "reconciler": "reconciler",
-    "crm-read": "crm", "crm-write": "crm", "console": "console",
+    "crm-read": "crm", "crm-write": "crm", "console": "console", "notifier": "notifier",
 }
 
 

@@ -14,7 +14,7 @@ import pytest
 from agentledger import identity
 from agentledger.policy import allowlist
 
-SERVICES = ["admission", "executor", "reconciler", "planner", "console", "mcp"]
+SERVICES = ["admission", "executor", "reconciler", "planner", "console", "mcp", "notifier"]
 # The MCP server is the library's, not a service package (issue 40: it checks too).
 MODULES = {"mcp": "agentledger.mcp"}
 

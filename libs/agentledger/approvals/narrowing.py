@@ -106,12 +106,15 @@ async def narrow(
     revision: rules.RevisionReader, approval_rules: quorum_mod.ApprovalRules,
     budgets: budget_rules_mod.Budgets, tenant_id: UUID, approver_id: str, approval_id: UUID,
     shown_hash: str, arguments: Mapping[str, Any], reason: str,
+    routed: approvals.Routed | None = None,
 ) -> Narrowed:
     """Narrow one pending request to ``arguments`` and approve the result as ``approver_id``.
 
     Args:
         shown_hash: the hex hash of the original the approver was shown.
         arguments: the complete narrowed arguments (untrusted: validated here).
+        routed: writes the narrowed request's notifications in the same transaction
+            (the operator's routing, issue 42; None: nobody is told, as with a v1 file).
 
     Raises:
         NarrowingRefused: not a narrowing the action declares (a larger amount, an added
@@ -191,7 +194,7 @@ async def narrow(
             evidence_key_version=locked.evidence_key_version,
             charges=charges([dict(r) for r in reserved], budgets, narrowed_args), quorum=quorum,
         ), audit={"narrowed_from": str(approval_id), "narrowed_by": approver_id,
-                  "narrowed_fields": list(fields)})
+                  "narrowed_fields": list(fields)}, routed=routed)
         if requested.status == "budget_refused":
             raise errors.BudgetExhausted(
                 f"budget {requested.refused_by} has no room for the narrowed command",

@@ -24,16 +24,20 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentledger import canonical, errors
+from agentledger.notify import routing
 from agentledger.policy import allowlist as allowlist_mod
 
 FILE_FORMAT: Final = "agentledger.approvals.v1"
+# v2 adds routing (channels, contacts, escalation: agentledger.notify.routing); v1 stays valid.
+ROUTED_FORMAT: Final = "agentledger.approvals.v2"
 # The ledger's CHECK on required_approvals.
 MAX_REQUIRED: Final = 20
 
@@ -48,6 +52,11 @@ class Group(BaseModel):
     role: Annotated[str, Field(min_length=1, max_length=100)]
     members: tuple[Annotated[str, Field(min_length=1, max_length=200)], ...] = Field(
         min_length=1, max_length=200)
+    # Routing (v2, agentledger.notify.routing): the channels a pending request reaches the
+    # members through, and each member's addresses.
+    channels: tuple[Name, ...] = Field(default=(), max_length=10)
+    contacts: dict[Annotated[str, Field(min_length=1, max_length=200)], routing.Contact] = (
+        Field(default_factory=dict, max_length=200))
 
 
 class Rule(BaseModel):
@@ -61,14 +70,19 @@ class Rule(BaseModel):
     above: int | None = None
     group: Name
     required: int = Field(ge=1, le=MAX_REQUIRED)
+    # Escalation (v2): undecided after ``escalate_after``, the request is also routed to
+    # ``escalate_to``, once (agentledger.notify.escalation).
+    escalate_to: Name | None = None
+    escalate_after: timedelta | None = None
 
 
 class _File(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    format: Literal["agentledger.approvals.v1"]
+    format: Literal["agentledger.approvals.v1", "agentledger.approvals.v2"]
     groups: dict[Name, Group] = Field(default_factory=dict)
     rules: tuple[Rule, ...] = Field(default=(), max_length=200)
+    channels: dict[Name, routing.Channel] = Field(default_factory=dict, max_length=20)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +104,8 @@ class ApprovalRules:
     groups: Mapping[str, Group]
     rules: tuple[Rule, ...] = ()
     version: str = "none"
+    channels: Mapping[str, routing.Channel] = field(default_factory=dict)
+    format: str = FILE_FORMAT
 
     @classmethod
     def empty(cls) -> ApprovalRules:
@@ -120,11 +136,13 @@ class ApprovalRules:
             at = ".".join(str(p) for p in first["loc"])
             raise errors.ValidationFailed(f"approvals: {at}: {first['msg']}") from exc
         version = "sha256:" + hashlib.sha256(canonical.canonical_bytes(document)).hexdigest()
-        return cls(parsed.groups, parsed.rules, version)
+        return cls(parsed.groups, parsed.rules, version, parsed.channels, parsed.format)
 
-    def problems(self, rules: allowlist_mod.Allowlist, approving_roles: frozenset[str]
-                 ) -> list[str]:
-        """What cannot work with these actions and the roles the policies let approve."""
+    def problems(self, rules: allowlist_mod.Allowlist, approving_roles: frozenset[str],
+                 *, channels: bool = True) -> list[str]:
+        """What cannot work with these actions and the roles the policies let approve
+        (``channels``: also build each routing channel, as the notifier will — its options
+        and signing secrets; without, only that its plugin is installed)."""
         found: list[str] = []
         for name, group in sorted(self.groups.items()):
             if group.role not in approving_roles:
@@ -153,7 +171,7 @@ class ApprovalRules:
                 if not isinstance(prop, Mapping) or prop.get("type") != "integer":
                     found.append(f"{where}: {rule.action}.{rule.argument} is not an integer "
                                  "argument")
-        return found
+        return found + routing.problems(self, build=channels)
 
     def quorum(self, action: str, arguments: Mapping[str, Any]) -> Quorum:
         """What a request of ``action`` with these (validated) arguments needs (pure)."""
@@ -171,6 +189,10 @@ class ApprovalRules:
                 continue  # unreachable where it matters: check-config and start refuse it
             return Quorum(rule.required, asked.role, rule.name)
         return ONE
+
+    def rule(self, name: str | None) -> Rule | None:
+        """The rule named ``name`` (None for none)."""
+        return next((r for r in self.rules if r.name == name), None)
 
     def members(self, rule: str | None) -> tuple[str, ...]:
         """The members of the group a rule asks (empty for none)."""

@@ -33,6 +33,8 @@ tracer = trace.get_tracer("agentledger.approvals")
 
 State = Literal["pending", "approved", "denied", "expired", "superseded", "narrowed"]
 Also = Callable[[ledger.Conn], Awaitable[None]]
+# Writes about a new request in its transaction (its notifications: agentledger.notify.outbox).
+Routed = Callable[[ledger.Conn, "Approval"], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,12 +166,13 @@ async def _audit(tx: ledger.Conn, a: Approval, type: str, **extra: Any) -> None:
 
 async def request(
     conn: ledger.Conn, new: NewApproval, *, also: Also | None = None,
-    audit: Mapping[str, Any] | None = None,
+    audit: Mapping[str, Any] | None = None, routed: Routed | None = None,
 ) -> Requested:
     """Persist a request for approval (or recognise it), in one short transaction.
 
     A pending request with another hash for the same intent is superseded by this one; an
-    intent that already has a command is answered from the ledger.
+    intent that already has a command is answered from the ledger. ``routed`` writes what
+    the new request causes (its notifications) in the same transaction.
     """
     cmd = new.command
     async with ledger.transaction(conn, cmd.tenant_id) as tx:
@@ -222,6 +225,8 @@ async def request(
             "approver_role": new.quorum.role, **(audit or {})})
         if also is not None:
             await also(tx)
+        if routed is not None:
+            await routed(tx, created)
     return Requested("pending", approval=created, superseded=superseded)
 
 

@@ -78,7 +78,9 @@ def _render(report: check_mod.Report) -> None:
         above = (f" with {q['argument']} above {q['above']}" if q.get("argument") else "")
         console.print(f"approval rule [bold]{q['name']}[/bold]: {q['action']}{above} needs "
                       f"{q['required']} of {len(q['members'])} approvers of role {q['role']} "
-                      f"(group {q['group']})", highlight=False)
+                      f"(group {q['group']})"
+                      + (f", escalated to {q['escalate_to']} after {q['escalate_after']}"
+                         if q.get("escalate_to") else ""), highlight=False)
     for action, fields in sorted(report.narrow_rules.items()):
         for name, how in sorted(fields.items()):
             console.print(f"narrow rule [bold]{action}.{name}[/bold]: an approver may "

@@ -377,6 +377,9 @@ approval_request.append_column(
     Column("required_approvals", Integer, nullable=False, server_default=text("1")))
 approval_request.append_column(Column("approver_role", Text))
 approval_request.append_column(Column("quorum_rule", Text))
+# Escalation (issue 42, migration 0043): when, and to which group, a request was escalated.
+approval_request.append_column(_ts("escalated_at"))
+approval_request.append_column(Column("escalated_to", Text))
 
 approval_vote = Table(
     "approval_vote",
@@ -395,3 +398,26 @@ approval_vote = Table(
 
 approval_request.append_column(
     Column("narrowed_from", UUID(as_uuid=True), ForeignKey("approval_request.approval_id")))
+
+# Notifications of pending approvals (issue 42, migration 0042): their own outbox.
+approval_notification = Table(
+    "approval_notification",
+    metadata,
+    Column("idempotency_key", Text, primary_key=True),
+    Column("tenant_id", UUID(as_uuid=True), nullable=False),
+    Column("approval_id", UUID(as_uuid=True), ForeignKey("approval_request.approval_id"),
+           nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("group_name", Text, nullable=False),
+    Column("recipient", Text, nullable=False),
+    Column("channel", Text, nullable=False),
+    Column("address", Text, nullable=False),
+    Column("message", JSONB, nullable=False),
+    Column("state", Text, nullable=False, server_default=text("'pending'")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    _ts("next_attempt_at", nullable=False, default_now=True),
+    Column("lease_owner", Text),
+    Column("last_error", Text),
+    _ts("created_at", nullable=False, default_now=True),
+    _ts("sent_at"),
+)

@@ -113,7 +113,7 @@ def check(allowlist_path: Path | None, policy_dir: Path | None,
     try:
         approval_rules = quorum_mod.ApprovalRules.load(approvals_path)
         report.approvals_version = approval_rules.version
-        report.quorum_rules = [r.model_dump(exclude_none=True) | {
+        report.quorum_rules = [r.model_dump(mode="json", exclude_none=True) | {
             "role": approval_rules.groups[r.group].role if r.group in approval_rules.groups
             else None, "members": list(approval_rules.members(r.name))}
             for r in approval_rules.rules]
@@ -124,9 +124,10 @@ def check(allowlist_path: Path | None, policy_dir: Path | None,
     return report
 
 
-def load_approvals(approvals_path: Path | None,
-                   rules: allowlist_mod.Allowlist) -> quorum_mod.ApprovalRules:
-    """The operator's N-of-M approval rules for a service about to start on ``rules``.
+def load_approvals(approvals_path: Path | None, rules: allowlist_mod.Allowlist, *,
+                   channels: bool = False) -> quorum_mod.ApprovalRules:
+    """The operator's N-of-M approval rules for a service about to start on ``rules``
+    (``channels``: the notifier, which sends — each channel built, secrets and all).
 
     Raises:
         ConfigurationError: naming every problem (as ``check-config`` does).
@@ -135,7 +136,7 @@ def load_approvals(approvals_path: Path | None,
         found = quorum_mod.ApprovalRules.load(approvals_path)
     except errors.ValidationFailed as exc:
         raise errors.ConfigurationError(exc.message) from exc
-    problems = found.problems(rules, policy_repo.APPROVING_ROLES)
+    problems = found.problems(rules, policy_repo.APPROVING_ROLES, channels=channels)
     if problems:
         raise errors.ConfigurationError("; ".join(problems))
     return found

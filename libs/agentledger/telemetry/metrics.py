@@ -168,6 +168,11 @@ approval_decisions = Counter(
     _meter, "agentledger.approval.decisions", unit="{decision}",
     description="Human decisions on approval requests, by result and action.",
     labels=("outcome", "action"))
+notifications = Counter(
+    _meter, "agentledger.notifications", unit="{notification}",
+    description="Approval notifications the notifier attempted, by notifier plugin (as "
+                "`connector`) and outcome (sent, retry, failed).",
+    labels=("connector", "outcome"))
 dead_letters = Counter(
     _meter, "agentledger.dead_letters", unit="{message}",
     description="Messages a consumer sent to a dead-letter topic (once published), by the "

@@ -253,7 +253,7 @@ def _front_door(prefix: str, port: int, sessions: SessionIssuer,
 def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Path,
              *, executor_env: dict[str, str] | None = None,
              env: Mapping[str, Mapping[str, str]] | None = None,
-             console: bool = False, ingress: bool = False,
+             console: bool = False, ingress: bool = False, notifier: bool = False,
              prefix: Mapping[str, Sequence[str]] | None = None,
              crm_options: Mapping[str, Any] | None = None,
              connectors: Mapping[str, Mapping[str, Any]] | None = None,
@@ -270,7 +270,9 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
     are more signers of sessions ingress accepts (the MCP server's, for its OAuth callers).
 
     ``console`` also starts the approvals console and a second tenant with its own customer
-    and principals, known to admission and the console (for tenant-isolation tests)."""
+    and principals, known to admission and the console (for tenant-isolation tests).
+    ``notifier`` starts the notifier (approval notifications; its links point at the console
+    when there is one)."""
     tag = uuid.uuid4().hex[:8]
     ns, slot = f"e2e{tag}.", f"e2e_{tag}"
     with ExitStack() as stack:
@@ -353,6 +355,13 @@ def pipeline(bootstrap: str, database_url: str, crm_database_url: str, logs: Pat
                 "AGENTLEDGER_CONSOLE_CRM_READ_TOKENS": json.dumps(read_tokens),
                 "AGENTLEDGER_CONSOLE_COOKIE_SECURE": "false"},
                 processes.http_ok(f"{p.console_url}/readyz"))
+        if notifier:
+            start("notifier", "agentledger.services.notifier", {
+                "AGENTLEDGER_NOTIFIER_CONSOLE_URL": p.console_url or "http://127.0.0.1:8070",
+                "AGENTLEDGER_NOTIFIER_PERIOD_S": "0.2",
+                "AGENTLEDGER_NOTIFIER_WORKER_ID": f"notifier-{tag}"},
+                lambda: "event=notifier_started"
+                in (logs / "notifier.log").read_text(errors="replace"))
         if ingress:
             p.sessions = p.sessions or SessionIssuer.generate()
             port = processes.free_port()

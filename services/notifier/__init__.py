@@ -1,0 +1,1 @@
+"""The notifier: delivers approval notifications from their outbox (issue 42)."""
