@@ -46,7 +46,9 @@ def world(stack: Stack, database_url: str, make_database: Callable[[], str],
                   tmp_path_factory.mktemp("narrowing"), console=True,
                   config_env={"AGENTLEDGER_APPROVALS": str(config / "approvals.json")}) as p:
         asyncio.run(identities.put_principals(
-            database_url, p.tenant, {m: ["finance-approver"] for m in FINANCE[1:]}))
+            database_url, p.tenant, {m: ["finance-approver"] for m in FINANCE[1:]}
+            # The requester holds the approver role too: only the requester rule refuses her.
+            | {"user:alice": ["user", "finance-approver"]}))
         yield p
 
 
@@ -164,6 +166,7 @@ def test_widening_an_undeclared_field_and_the_requester_are_refused(world: Pipel
     for answer, status, code in refusals:
         assert answer.status_code == status, answer.text
         assert answer.json()["error"]["code"] == code, answer.text
+    assert "requester never narrows" in refusals[2][0].text, refusals[2][0].text
     assert _ledger(p, op) == before == [(approval_id, "pending", None)]
     assert p.state(op) is None and _refunds(p, invoice) == []
     assert _rows(p.database_url, "SELECT count(*) FROM audit_event WHERE operation_id = %s "

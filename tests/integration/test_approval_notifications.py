@@ -278,8 +278,10 @@ async def test_a_dead_workers_lease_is_taken_over_with_the_same_keys(
     rules = _rules(receiver, mail)
     request = await _pending(world, t, rules)
     clock = Clock()
-    async with notifier_pool.acquire() as conn:  # worker 1 claims, then dies without sending
-        taken = await outbox.claim(conn, worker="dead", now=clock.now,
+    # Worker 1 claims, then dies without sending. It had the same worker id as the survivor
+    # (replicas that share a configured id): each claim's own lease token still tells them apart.
+    async with notifier_pool.acquire() as conn:
+        taken = await outbox.claim(conn, worker="notifier-2", now=clock.now,
                                    lease=timedelta(seconds=45), limit=100)
     assert {c.approval_id for c in taken} >= {request.approval_id}
     other = _notifier(notifier_pool, rules, clock, worker_id="notifier-2")
@@ -292,7 +294,62 @@ async def test_a_dead_workers_lease_is_taken_over_with_the_same_keys(
     # The dead worker's late mark does not count: the row is the new holder's.
     mine = next(c for c in taken if c.approval_id == request.approval_id)
     async with notifier_pool.acquire() as conn:
-        assert not await outbox.mark_sent(conn, mine, worker="dead", now=clock.now)
+        assert not await outbox.mark_sent(conn, mine, now=clock.now)
+        assert not await outbox.mark_failed(conn, mine, error="late")
+    assert {r["state"] for r in await _rows(world, request.approval_id)} == {"sent"}
+
+
+class _Raising:
+    """A third-party plugin that raises instead of answering a Delivery."""
+
+    async def send(self, notification: plugins.Notification) -> plugins.Delivery:
+        raise RuntimeError("the plugin's own bug")
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_a_plugin_that_raises_is_a_failed_attempt_within_the_bound(
+        world: World, receiver: webhook_receiver.Receiver, mail: mailpit.Mailpit,
+        notifier_pool: asyncpg.Pool) -> None:
+    t = await world.tenant()
+    rules = _rules(receiver, mail)
+    request = await _pending(world, t, rules)
+    clock = Clock()
+    notifier = worker.Notifier(
+        pool=notifier_pool, channels={"hook": _Raising(), "mail": _Raising()},  # type: ignore[dict-item]
+        plugin_of={"hook": "webhook", "mail": "email"}, console_url="http://console.test",
+        worker_id="notifier-1", max_attempts=2, clock=clock)
+    assert await notifier.run_once() == 6  # no exception escapes the worker
+    rows = await _rows(world, request.approval_id)
+    assert {(r["state"], r["attempts"], r["last_error"]) for r in rows} == {
+        ("pending", 1, "the plugin raised RuntimeError")}
+    clock.now += timedelta(hours=1)
+    assert await notifier.run_once() == 6
+    assert {(r["state"], r["attempts"]) for r in await _rows(world, request.approval_id)} == {
+        ("failed", 2)}
+    clock.now += timedelta(hours=1)
+    assert await notifier.run_once() == 0  # bounded: never claimed again
+
+
+async def test_a_row_claimed_past_its_attempts_is_failed_without_a_send(
+        world: World, receiver: webhook_receiver.Receiver, mail: mailpit.Mailpit,
+        notifier_pool: asyncpg.Pool) -> None:
+    """A worker killed mid-send every time never settles an attempt: the claim that passes
+    the bound fails the row instead of sending once more."""
+    t = await world.tenant()
+    rules = _rules(receiver, mail)
+    request = await _pending(world, t, rules)
+    clock = Clock()
+    async with world.owner.acquire() as conn:
+        await conn.execute("UPDATE approval_notification SET attempts = 3 "
+                           "WHERE approval_id = $1", request.approval_id)
+    notifier = _notifier(notifier_pool, rules, clock, max_attempts=3)
+    assert await notifier.run_once() == 6
+    rows = await _rows(world, request.approval_id)
+    assert {(r["state"], r["attempts"], r["last_error"]) for r in rows} == {
+        ("failed", 4, "3 attempts never settled")}
+    assert receiver.seen() == []
 
 
 @pytest.mark.parametrize("plugin", ["webhook", "email"])

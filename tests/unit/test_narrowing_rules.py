@@ -186,3 +186,15 @@ def test_the_narrowed_command_is_charged_its_own_amount_in_the_originals_windows
         # A budget the operator no longer declares keeps the original's amount.
         ("gone", 60_000, None, 90_000)]
     assert approval_narrowing.charges([], BUDGETS, REFUND_ARGS) is None
+
+
+@pytest.mark.parametrize(("floor", "named"), [
+    ({}, True), ({"minimum": -100}, True), ({"exclusiveMinimum": -1}, True),
+    ({"minimum": 0}, False), ({"minimum": 1}, False), ({"exclusiveMinimum": 0}, False)])
+def test_a_decrease_needs_a_floor_at_zero_or_above(floor: dict[str, int], named: bool) -> None:
+    """Without one, "lower" reaches past zero: -10,000 is a larger effect, not a narrower one."""
+    schema = {"type": "object", "properties": {"amount": {"type": "integer", **floor}}}
+    found = narrowing.declaration_problems("pay.send", schema, {"amount": "decrease"})
+    assert found == ([
+        "pay.send: narrow rule amount: decrease needs a minimum of 0 or more on amount "
+        "(its schema has none)"] if named else [])

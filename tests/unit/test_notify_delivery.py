@@ -53,3 +53,16 @@ def test_the_link_is_the_consoles_page_of_the_request() -> None:
     approval = uuid.uuid4()
     assert outbox.link("https://console.example.com/", approval) == (
         f"https://console.example.com/approvals/{approval}")
+
+
+@pytest.mark.parametrize("timeout", [0, -1, 30.5, 600, True, "5"])
+def test_an_email_timeout_beyond_the_bound_is_refused(timeout: object) -> None:
+    """A send must end well within the claim's lease, as the webhook's does."""
+    from agentledger import errors
+    from agentledger.notify import email
+
+    options = {"smtp_port": 1025, "sender": "a@b.example", "message_id_domain": "b.example",
+               "timeout_s": timeout}
+    with pytest.raises(errors.ConfigurationError, match="timeout_s"):
+        email.EmailNotifier.from_options(options)
+    assert email.EmailNotifier.from_options({**options, "timeout_s": 30}).timeout_s == 30.0

@@ -23,6 +23,7 @@ from agentledger.notify import plugins
 # One SMTP conversation with a local relay takes milliseconds; a stuck one must not hold a
 # worker slot for longer than the claim's lease.
 DEFAULT_TIMEOUT_S: Final = 10.0
+MAX_TIMEOUT_S: Final = 30.0
 _DOMAIN = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)+$")
 _SUBJECT = {"requested": "Approval needed", "escalated": "Approval escalated to you",
             "expired": "Approval expired"}
@@ -59,8 +60,11 @@ class EmailNotifier:
         timeout = options.get("timeout_s", DEFAULT_TIMEOUT_S)
         if not isinstance(host, str) or not host:
             raise errors.ConfigurationError("email: smtp_host must be a host name")
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-            raise errors.ConfigurationError("email: timeout_s must be a positive number")
+        if (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                or not 0 < timeout <= MAX_TIMEOUT_S):
+            # Bounded like the webhook's: a send must end well within the claim's lease.
+            raise errors.ConfigurationError(
+                f"email: timeout_s must be a number in (0, {MAX_TIMEOUT_S:g}]")
         return cls(smtp_host=host, smtp_port=port, sender=sender, message_id_domain=domain,
                    timeout_s=float(timeout))
 

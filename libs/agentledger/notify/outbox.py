@@ -114,6 +114,7 @@ class Claimed:
     message: Mapping[str, Any]
     attempts: int
     request_state: str = "pending"  # the request's state when claimed
+    lease: str = ""  # this claim's own token: only it settles the row
 
     @property
     def moot(self) -> bool:
@@ -128,7 +129,8 @@ class Claimed:
                    cast(routing.Kind, row["kind"]), row["group_name"], row["recipient"],
                    row["channel"], row["address"],
                    json.loads(message) if isinstance(message, str) else message,
-                   row["attempts"], row.get("request_state") or "pending")
+                   row["attempts"], row.get("request_state") or "pending",
+                   row.get("lease_owner") or "")
 
     def notification(self, console_url: str) -> plugins.Notification:
         return plugins.Notification(
@@ -148,30 +150,29 @@ async def claim(conn: ledger.Conn, *, worker: str, now: datetime, lease: timedel
     return [Claimed.from_row(r) for r in rows]
 
 
-async def mark_sent(conn: ledger.Conn, c: Claimed, *, worker: str, now: datetime) -> bool:
+async def mark_sent(conn: ledger.Conn, c: Claimed, *, now: datetime) -> bool:
     """Whether this worker's mark counted (False: its lease passed and another took over)."""
     async with ledger.transaction(conn, None) as tx:
-        return await tx.fetchval(Q["mark_sent"], c.key, worker, now) is not None
+        return await tx.fetchval(Q["mark_sent"], c.key, c.lease, now) is not None
 
 
-async def cancel(conn: ledger.Conn, c: Claimed, *, worker: str) -> bool:
+async def cancel(conn: ledger.Conn, c: Claimed) -> bool:
     """Do not send a notice whose request closed (:attr:`Claimed.moot`)."""
     async with ledger.transaction(conn, None) as tx:
-        return await tx.fetchval(Q["cancel"], c.key, worker,
+        return await tx.fetchval(Q["cancel"], c.key, c.lease,
                                  f"the request is {c.request_state}") is not None
 
 
-async def back_off(conn: ledger.Conn, c: Claimed, *, worker: str, until: datetime,
-                   error: str) -> bool:
+async def back_off(conn: ledger.Conn, c: Claimed, *, until: datetime, error: str) -> bool:
     async with ledger.transaction(conn, None) as tx:
-        return await tx.fetchval(Q["back_off"], c.key, worker, until, error[:500]) is not None
+        return await tx.fetchval(Q["back_off"], c.key, c.lease, until, error[:500]) is not None
 
 
-async def mark_failed(conn: ledger.Conn, c: Claimed, *, worker: str, error: str) -> bool:
+async def mark_failed(conn: ledger.Conn, c: Claimed, *, error: str) -> bool:
     """Give up on a row, with an ``approval.notification_failed`` audit event in the same
     transaction (an operator sees who was never told)."""
     async with ledger.transaction(conn, c.tenant_id) as tx:
-        row = await tx.fetchrow(Q["mark_failed"], c.key, worker, error[:500])
+        row = await tx.fetchrow(Q["mark_failed"], c.key, c.lease, error[:500])
         if row is None:
             return False
         await ledger.append_event(

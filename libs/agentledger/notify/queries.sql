@@ -14,7 +14,9 @@ ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: claim --
 -- Due pending rows (new, backed off, or a lease that passed: a killed worker's), leased to
--- this worker until $3; each claim counts an attempt.
+-- this worker until $3; each claim counts an attempt. The lease is this claim's own token
+-- (worker id / random): replicas sharing a worker id, or one worker claiming a row again after
+-- its own lease passed, never settle each other's claims.
 WITH due AS (
   SELECT idempotency_key FROM approval_notification
   WHERE state = 'pending' AND next_attempt_at <= $2
@@ -22,7 +24,7 @@ WITH due AS (
   FOR UPDATE SKIP LOCKED
 )
 UPDATE approval_notification n
-SET lease_owner = $1, next_attempt_at = $3, attempts = n.attempts + 1
+SET lease_owner = $1 || '/' || gen_random_uuid()::text, next_attempt_at = $3, attempts = n.attempts + 1
 FROM due WHERE n.idempotency_key = due.idempotency_key
 RETURNING n.*, (SELECT r.state FROM approval_request r
                 WHERE r.approval_id = n.approval_id) AS request_state;

@@ -99,7 +99,7 @@ class Notifier:
     async def _deliver(self, c: outbox.Claimed) -> None:
         if c.moot:
             async with self.pool.acquire() as conn:
-                await outbox.cancel(conn, c, worker=self.worker_id)
+                await outbox.cancel(conn, c)
             log.info("event=notification_cancelled key=%s approval_id=%s request_state=%s",
                      c.key, c.approval_id, c.request_state)
             return
@@ -107,22 +107,23 @@ class Notifier:
         plugin = self.plugin_of.get(c.channel, "unknown")
         if channel is None:
             delivery = plugins.Delivery("permanent", f"channel {c.channel} is not configured")
+        elif c.attempts > self.max_attempts:
+            # Claimed more often than allowed without a settled attempt (a worker killed or a
+            # plugin that crashed it each time): failed, never an endless claim.
+            delivery = plugins.Delivery("permanent", f"{c.attempts - 1} attempts never settled")
         else:
-            delivery = await channel.send(c.notification(self.console_url))
+            delivery = await _send(channel, c.notification(self.console_url))
         await faults.point("notifier.after_send")
         async with self.pool.acquire() as conn:
             if delivery.outcome == "sent":
-                marked = await outbox.mark_sent(conn, c, worker=self.worker_id,
-                                                now=self.clock())
+                marked = await outbox.mark_sent(conn, c, now=self.clock())
                 outcome = "sent"
             elif delivery.outcome == "retry" and c.attempts < self.max_attempts:
                 until = self.clock() + backoff(c.attempts, jitter=random.random() * 0.2)  # noqa: S311 - jitter, not crypto
-                marked = await outbox.back_off(conn, c, worker=self.worker_id, until=until,
-                                               error=delivery.detail)
+                marked = await outbox.back_off(conn, c, until=until, error=delivery.detail)
                 outcome = "retry"
             else:
-                marked = await outbox.mark_failed(conn, c, worker=self.worker_id,
-                                                  error=delivery.detail)
+                marked = await outbox.mark_failed(conn, c, error=delivery.detail)
                 outcome = "failed"
         telemetry_metrics.notifications.add(1, connector=telemetry_metrics.bounded(plugin),
                                             outcome=outcome)
@@ -130,6 +131,15 @@ class Notifier:
                 "event=notification_%s key=%s approval_id=%s channel=%s attempts=%d "
                 "marked=%s detail=%s", outcome, c.key, c.approval_id, c.channel, c.attempts,
                 marked, delivery.detail)
+
+
+async def _send(channel: plugins.Notifier, n: plugins.Notification) -> plugins.Delivery:
+    """A plugin's send, which must never raise: a plugin is third-party code, and one that
+    raises is an attempt to retry within the bound, not the end of the worker."""
+    try:
+        return await channel.send(n)
+    except Exception as exc:  # any plugin failure is one failed attempt
+        return plugins.Delivery("retry", f"the plugin raised {type(exc).__name__}")
 
 
 __all__ = ["DEFAULT_LEASE", "DEFAULT_MAX_ATTEMPTS", "Notifier", "backoff", "system_clock"]

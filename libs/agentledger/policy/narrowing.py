@@ -60,7 +60,17 @@ def declaration_problems(action: str, schema: Mapping[str, Any],
         if kind not in wanted:
             found.append(f"{where}: {how} needs an {' or '.join(wanted)} argument, "
                          f"{_cut(str(field))} is {kind}")
+        elif how == "decrease" and not _floored(prop):
+            # Without a floor at zero, "lower" reaches past zero: a -10,000 refund is a larger
+            # effect the other way, not a narrower one.
+            found.append(f"{where}: decrease needs a minimum of 0 or more on "
+                         f"{_cut(str(field))} (its schema has none)")
     return found
+
+
+def _floored(prop: Mapping[str, Any]) -> bool:
+    low = prop.get("minimum", prop.get("exclusiveMinimum"))
+    return isinstance(low, int | float) and not isinstance(low, bool) and low >= 0
 
 
 def _refused(action: str, message: str, field: str | None = None) -> errors.NarrowingRefused:
