@@ -791,6 +791,7 @@ CREATE TABLE public.approval_request (
     quorum_rule text,
     escalated_at timestamp with time zone,
     escalated_to text,
+    narrowed_from uuid,
     CONSTRAINT approval_request_approver_role_check CHECK (((length(approver_role) >= 1) AND (length(approver_role) <= 100))),
     CONSTRAINT approval_request_check CHECK (((state = 'pending'::text) OR (decided_at IS NOT NULL))),
     CONSTRAINT approval_request_escalated_to_check CHECK (((length(escalated_to) >= 1) AND (length(escalated_to) <= 64))),
@@ -798,7 +799,7 @@ CREATE TABLE public.approval_request (
     CONSTRAINT approval_request_quorum_rule_check CHECK (((length(quorum_rule) >= 1) AND (length(quorum_rule) <= 64))),
     CONSTRAINT approval_request_request_hash_check CHECK ((octet_length(request_hash) = 32)),
     CONSTRAINT approval_request_required_approvals_check CHECK (((required_approvals >= 1) AND (required_approvals <= 20))),
-    CONSTRAINT approval_request_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'approved'::text, 'denied'::text, 'expired'::text, 'superseded'::text])))
+    CONSTRAINT approval_request_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'approved'::text, 'denied'::text, 'expired'::text, 'superseded'::text, 'narrowed'::text])))
 );
 
 ALTER TABLE ONLY public.approval_request FORCE ROW LEVEL SECURITY;
@@ -1348,6 +1349,12 @@ CREATE INDEX approval_notification_due ON public.approval_notification USING btr
 CREATE INDEX approval_request_escalation_due ON public.approval_request USING btree (created_at) WHERE ((state = 'pending'::text) AND (escalated_at IS NULL) AND (quorum_rule IS NOT NULL));
 
 --
+-- Name: approval_request_narrowed_once; Type: INDEX; Schema: public
+--
+
+CREATE UNIQUE INDEX approval_request_narrowed_once ON public.approval_request USING btree (narrowed_from) WHERE (narrowed_from IS NOT NULL);
+
+--
 -- Name: approval_request_one_pending; Type: INDEX; Schema: public
 --
 
@@ -1447,7 +1454,7 @@ CREATE TRIGGER budget_charge_on_command_end AFTER UPDATE OF state ON public.agen
 -- Name: approval_request budget_charge_on_request_end; Type: TRIGGER; Schema: public
 --
 
-CREATE TRIGGER budget_charge_on_request_end AFTER UPDATE OF state ON public.approval_request FOR EACH ROW WHEN (((old.state = 'pending'::text) AND (new.state = ANY (ARRAY['denied'::text, 'expired'::text, 'superseded'::text])))) EXECUTE FUNCTION public.agentledger_budget_on_request_end_v1();
+CREATE TRIGGER budget_charge_on_request_end AFTER UPDATE OF state ON public.approval_request FOR EACH ROW WHEN (((old.state = 'pending'::text) AND (new.state = ANY (ARRAY['denied'::text, 'expired'::text, 'superseded'::text, 'narrowed'::text])))) EXECUTE FUNCTION public.agentledger_budget_on_request_end_v1();
 
 --
 -- Name: approval_notification approval_notification_approval_id_fkey; Type: FK CONSTRAINT; Schema: public
@@ -1455,6 +1462,13 @@ CREATE TRIGGER budget_charge_on_request_end AFTER UPDATE OF state ON public.appr
 
 ALTER TABLE ONLY public.approval_notification
     ADD CONSTRAINT approval_notification_approval_id_fkey FOREIGN KEY (approval_id) REFERENCES public.approval_request(approval_id);
+
+--
+-- Name: approval_request approval_request_narrowed_from_fkey; Type: FK CONSTRAINT; Schema: public
+--
+
+ALTER TABLE ONLY public.approval_request
+    ADD CONSTRAINT approval_request_narrowed_from_fkey FOREIGN KEY (narrowed_from) REFERENCES public.approval_request(approval_id);
 
 --
 -- Name: approval_request approval_request_superseded_by_fkey; Type: FK CONSTRAINT; Schema: public
@@ -2243,6 +2257,12 @@ GRANT UPDATE(escalated_at) ON TABLE public.approval_request TO agentledger_notif
 --
 
 GRANT UPDATE(escalated_to) ON TABLE public.approval_request TO agentledger_notifier;
+
+--
+-- Name: COLUMN approval_request.narrowed_from; Type: ACL; Schema: public
+--
+
+GRANT UPDATE(narrowed_from) ON TABLE public.approval_request TO agentledger_admission;
 
 --
 -- Name: TABLE approval_vote; Type: ACL; Schema: public
