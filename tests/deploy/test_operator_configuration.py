@@ -105,3 +105,31 @@ def test_the_console_refuses_to_start_on_approval_rules_that_cannot_work(
     assert done.stderr.strip().splitlines()[-1] == (
         "agentledger console: approval rule large-refunds: needs 2 approvers but group "
         "finance has 1"), done.stderr
+
+
+def test_the_notifier_refuses_to_start_on_routing_that_cannot_work(tmp_path: Path) -> None:
+    # Issue 42: a channel whose signing secret is not set is named in one line, as
+    # `agentledger check-config` names it, before anything is connected.
+    approvals = tmp_path / "approvals.json"
+    hooks = {m: {"webhook": f"https://hooks.example/{m[5:]}"}
+             for m in ("user:fiona", "user:frank")}
+    approvals.write_text(json.dumps({
+        "format": "agentledger.approvals.v2",
+        "channels": {"hook": {"plugin": "webhook",
+                              "options": {"secret_env": "AGENTLEDGER_NOTIFY_HOOK_SECRET"}}},
+        "groups": {"finance": {"role": "finance-approver", "members": list(hooks),
+                               "channels": ["hook"], "contacts": hooks}},
+        "rules": [{"name": "large-refunds", "action": "billing.refund.create",
+                   "argument": "amount_minor", "above": 50000, "group": "finance",
+                   "required": 2}]}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTLEDGER_")}
+    env |= {"AGENTLEDGER_PROFILE": "demo", "AGENTLEDGER_APPROVALS": str(approvals),
+            "AGENTLEDGER_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"}
+    done = subprocess.run(
+        [sys.executable, "-m", "agentledger.services.notifier"], env=env,
+        capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "agentledger notifier: approval channel hook: webhook: signing secret "
+        "AGENTLEDGER_NOTIFY_HOOK_SECRET is not set"), done.stderr
