@@ -166,7 +166,6 @@ def test_widening_an_undeclared_field_and_the_requester_are_refused(world: Pipel
     for answer, status, code in refusals:
         assert answer.status_code == status, answer.text
         assert answer.json()["error"]["code"] == code, answer.text
-    assert "requester never narrows" in refusals[2][0].text, refusals[2][0].text
     assert _ledger(p, op) == before == [(approval_id, "pending", None)]
     assert p.state(op) is None and _refunds(p, invoice) == []
     assert _rows(p.database_url, "SELECT count(*) FROM audit_event WHERE operation_id = %s "
