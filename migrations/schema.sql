@@ -54,16 +54,17 @@ END $$;
 CREATE FUNCTION public.agentledger_audit_leaf_hash(p_event_id uuid, p_tenant uuid, p_operation uuid, p_type text, p_payload jsonb, p_traceparent text, p_recorded_at timestamp with time zone) RETURNS bytea
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$
-  SELECT sha256('\x00'::bytea || convert_to(public.agentledger_jcs(jsonb_build_object(
-    'v', 1,
-    'event_id', p_event_id::text,
-    'tenant_id', p_tenant::text,
-    'operation_id', p_operation::text,
-    'type', p_type,
-    'payload', p_payload,
-    'traceparent', p_traceparent,
-    'recorded_at', to_char(p_recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
-    'UTF8'))
+  SELECT sha256('\x00'::bytea || convert_to(
+    '{"event_id":' || coalesce('"' || p_event_id::text || '"', 'null')
+    || ',"operation_id":' || coalesce('"' || p_operation::text || '"', 'null')
+    || ',"payload":' || public.agentledger_jcs_payload(p_payload)
+    || ',"recorded_at":' || coalesce('"' || to_char(p_recorded_at AT TIME ZONE 'UTC',
+                                                     'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') || '"',
+                                     'null')
+    || ',"tenant_id":' || coalesce('"' || p_tenant::text || '"', 'null')
+    || ',"traceparent":' || coalesce(to_json(p_traceparent)::text, 'null')
+    || ',"type":' || coalesce(to_json(p_type)::text, 'null')
+    || ',"v":1}', 'UTF8'))
 $$;
 
 --
@@ -560,6 +561,25 @@ BEGIN
   END IF;
   RETURN CASE WHEN neg THEN '-' || s ELSE s END;
 END $$;
+
+--
+-- Name: agentledger_jcs_payload(jsonb); Type: FUNCTION; Schema: public
+--
+
+CREATE FUNCTION public.agentledger_jcs_payload(v jsonb) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $_$
+  SELECT CASE WHEN v IS NULL THEN 'null'
+              WHEN jsonb_typeof(v) <> 'object' THEN public.agentledger_jcs(v)
+              ELSE (SELECT '{' || coalesce(string_agg(
+                       to_json(key)::text || ':' ||
+                       CASE WHEN jsonb_typeof(value) IN ('object', 'array')
+                              OR (jsonb_typeof(value) = 'number'
+                                  AND value::text !~ '^-?[0-9]{1,15}$')
+                            THEN public.agentledger_jcs(value) ELSE value::text END,
+                       ',' ORDER BY key COLLATE "C"), '') || '}'
+                    FROM jsonb_each(v)) END
+$_$;
 
 --
 -- Name: agentledger_late_applied_v1(integer); Type: FUNCTION; Schema: public; Owner: agentledger_sweeper

@@ -388,15 +388,24 @@ async def test_the_databases_canonical_form_is_rfc8785(db: asyncpg.Connection) -
     # A number no double holds: the database still writes (a text of it), never fails.
     assert await db.fetchval("SELECT agentledger_jcs('[1e400, -1e-400]'::jsonb)") == \
         "[" + "1" + "0" * 400 + ",-0." + "0" * 399 + "1]"
-    event = leaf.event_object(event_id=uuid.uuid4(), tenant_id=uuid.uuid4(), operation_id=None,
-                              type="t", payload={"n": [1.25, 2**55], "s": "x\ny"},
-                              traceparent=None, recorded_at=datetime.now(UTC))
-    in_db = await db.fetchval(
-        "SELECT agentledger_audit_leaf_hash($1, $2, NULL, 't', $3::jsonb, NULL, $4)",
-        uuid.UUID(event["event_id"]), uuid.UUID(event["tenant_id"]),
-        json.dumps(event["payload"]),
-        datetime.strptime(event["recorded_at"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC))
-    assert bytes(in_db) == leaf.leaf_hash(event)
+    # The leaf hash (0051 writes the event's own members in place and sorts only the
+    # payload's): every nullable column null and not, payloads flat, nested, empty and not
+    # an object (a str is JSON text to event_object), a type and traceparent that need escaping.
+    payloads: list[Any] = [{"n": [1.25, 2**55], "s": "x\ny"}, {}, [1, {"b": 2, "a": 1}], '"s"',
+                           7.5, None, {"z": {"y": [0.1, 1e21]}, "é": "\u2028", "a": -0.0}]
+    for i, payload in enumerate(payloads):
+        event = leaf.event_object(
+            event_id=uuid.uuid4(), tenant_id=uuid.uuid4(),
+            operation_id=uuid.uuid4() if i % 2 else None, type=["t", 'q"\n\u0001é'][i % 2],
+            payload=payload, traceparent=None if i % 2 else f"00-{'a' * 32}-{'b' * 16}-01",
+            recorded_at=datetime.now(UTC))
+        in_db = await db.fetchval(
+            "SELECT agentledger_audit_leaf_hash($1, $2, $3, $4, $5::jsonb, $6, $7)",
+            uuid.UUID(event["event_id"]), uuid.UUID(event["tenant_id"]),
+            None if event["operation_id"] is None else uuid.UUID(event["operation_id"]),
+            event["type"], json.dumps(event["payload"]), event["traceparent"],
+            datetime.strptime(event["recorded_at"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC))
+        assert bytes(in_db) == leaf.leaf_hash(event), payload
 
 
 async def test_two_tenants_appended_concurrently_verify(
