@@ -58,7 +58,12 @@ async def started(
     event = stop_on_signals(stop)
     if topics and bootstrap is not None:
         await ensure_topics(bootstrap, topics, replication=replication)
-    pool = await db.create_pool(database_url, role=role, size=pool_size)
+    # The whole pool is opened at start and kept (min_size = size): a connection opened under
+    # load costs the database a backend, SCRAM authentication, cold catalog caches and
+    # asyncpg's type introspection, paid again each time an idle one was closed (issue 41;
+    # bench/README.md, "Levers"). Size pools against max_connections (docs/operations.md,
+    # "Sizing partitions and executors").
+    pool = await db.create_pool(database_url, role=role, size=pool_size, min_size=pool_size)
     try:
         yield Running(event, pool)
     finally:

@@ -75,14 +75,24 @@ async def connect(url: str, *, role: str | None = None) -> asyncpg.Connection:
     return conn
 
 
+# asyncpg decodes text[] natively but learns every other array type from the server, once
+# per connection, the first time a statement binds it: a catalog query (and a JIT setting
+# round trip) in the middle of whatever that connection does first — under load, in a burst.
+# A pool's connection learns the array types the ledger's set-based statements bind
+# (``ledger/*.sql``) when it opens instead: one introspection, at start (issue 41).
+_HOT_ARRAY_TYPES: Final = ("SELECT $1::uuid[], $2::jsonb[], $3::bytea[], $4::timestamptz[], "
+                           "$5::int[], $6::float8[], $7::bigint[]")
+
+
 async def create_pool(
     url: str, *, role: str | None, size: int, min_size: int = 1, **options: Any
 ) -> asyncpg.Pool:
     """An asyncpg pool whose connections act as ``role``.
 
     Every connection gets :func:`repository.bound_silence` (a silent network fails a
-    statement instead of hanging it), then ``SET ROLE`` when ``role`` is given, and the pool
-    keeps sessions on release (:func:`repository.keep_session`).
+    statement instead of hanging it), then ``SET ROLE`` when ``role`` is given, then learns
+    the hot path's array types (``_HOT_ARRAY_TYPES``); the pool keeps sessions on release
+    (:func:`repository.keep_session`).
 
     Args:
         url: The PostgreSQL URL.
@@ -101,6 +111,7 @@ async def create_pool(
         repository.bound_silence(conn)
         if statement is not None:
             await conn.execute(statement)
+        await conn.prepare(_HOT_ARRAY_TYPES)  # learns the types; the statement is not kept
 
     pool: asyncpg.Pool = await asyncpg.create_pool(
         url, min_size=min_size, max_size=size, init=init, reset=repository.keep_session,
