@@ -48,10 +48,13 @@ class Settings(Protocol):
     cipher: keys.PayloadCipher
     budget_limits: Mapping[budgets.Kind, int]
     budget_rules: operator_budgets.Budgets
-    clock: operator_budgets.Clock
     approval_rules: quorum_mod.ApprovalRules
     decision_ttl: timedelta
     approval_ttl: timedelta
+
+    # Read-only here: mypy reads a dataclass field of a callable type as a read-only one.
+    @property
+    def clock(self) -> operator_budgets.Clock: ...
 
 
 @dataclass(frozen=True)
