@@ -56,7 +56,7 @@ def _path(frame: str) -> str:
 
 
 def _ours(frame: str) -> bool:
-    # py-spy prints paths relative to sys.path: "agentledger/admission.py".
+    # py-spy prints paths relative to sys.path: "agentledger/admission/admitter.py".
     return _path(frame).startswith("agentledger/") or "/agentledger/" in _path(frame)
 
 

@@ -11,6 +11,7 @@ replay, not a budget refusal: its command exists and runs.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -131,7 +132,8 @@ async def test_proposals_admitted_in_one_group_commit_each_get_their_own_answer(
     # Issue 20 §2: the admissions of one batch share a COMMIT. A budget refusal, a denial, a
     # replay and a conflict in the group change nothing of the others'; the budget stays
     # exact; two proposals with one operation id give one admission and one replay.
-    admitter._group = groupcommit.GroupCommit(admitter.pool, leaders=1)
+    admitter = dataclasses.replace(
+        admitter, group=groupcommit.GroupCommit(admitter.pool, leaders=1))
     async with admitter.pool.acquire() as conn:
         await admitter.cipher.warm(conn, TENANT)  # so all five reach the group together
     r, s = uuid.uuid4(), uuid.uuid4()

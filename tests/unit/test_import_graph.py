@@ -132,7 +132,7 @@ def test_the_graph_reads_the_whole_tree() -> None:
     """A checker that found nothing would pass every rule: it must see the real modules."""
     assert {"agentledger.admission", "agentledger.ledger.repository", "agentledger.cli",
             "agentledger.services.admission.app", "agentledger.services.console.app"} <= KNOWN
-    assert "agentledger.ledger.repository" in GRAPH["agentledger.admission"]
+    assert "agentledger.ledger.repository" in GRAPH["agentledger.admission.admitter"]
     assert len(KNOWN) > 150
 
 

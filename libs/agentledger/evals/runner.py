@@ -2,10 +2,10 @@
 
 Per case: a request signed like ingress signs it; the planner's ``Proposer`` (envelope check,
 ``CrmRetriever`` against a ``StubCrm``, the candidate adapter, the allowlist); admission's own
-checks (``Admitter._check``: identity binding, shadow refusal, allowlist, closed schema,
-target inside the tenant through a ``MappingResolver`` built from the case, revision); the
-Cedar policy admission asks, with the case's principal in an in-memory directory. An
-auto-approved command goes to a ``RecordingConnector``, never to a provider.
+checks (``Admitter.check``, from ``admission.checks``: identity binding, shadow refusal,
+allowlist, closed schema, target inside the tenant through a ``MappingResolver`` built from the
+case, revision); the Cedar policy admission asks, with the case's principal in an in-memory
+directory. An auto-approved command goes to a ``RecordingConnector``, never to a provider.
 
 A candidate never earns a pass by a wider scope (R9.3): the eval refuses to run on an
 allowlist or policy other than the versions the eval set pins, and reports a violation when
@@ -261,8 +261,9 @@ async def _run_case(case: dataset.Case, adapter: adapters.Adapter, ctx: _Context
         return result("refuse", "planning", proposed.code)
     resolver, people = _directories(case, ctx.rules)
     # Admission's own checks, in admission's order: identity binding, then shadow refusal,
-    # allowlist, closed schema, target inside the tenant, revision. Only these two methods
-    # run; they read neither the pool nor the cipher, so nothing here reaches a database.
+    # allowlist, closed schema, target inside the tenant, revision. Only these two checks
+    # (``admission.checks``) run; they read neither the pool nor the cipher, so nothing here
+    # reaches a database.
     checks = admission.Admitter(
         pool=cast(asyncpg.Pool, None), allowlist=ctx.rules, resolver=resolver,
         authorizer=cast(Any, None), cipher=cast(Any, None), envelope_keys=ctx.keys)
