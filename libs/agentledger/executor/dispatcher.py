@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 from uuid import UUID
 
 import asyncpg
@@ -74,6 +74,16 @@ class Begun:
     row: asyncpg.Record | None = None  # the command as loaded before the claim
     # The dispatch-time checks made in the claim's transaction (``_refusal``'s answer).
     checked: checks.Checked | None = None
+
+
+class _Prepared(NamedTuple):
+    """What a call needs, read before it (``Dispatcher._prepare``)."""
+
+    row: asyncpg.Record
+    checked: checks.Checked
+    connector: base.Connector
+    token: str
+    arguments: Any
 
 
 @dataclass
@@ -219,28 +229,13 @@ class Dispatcher:
         self, held: dispatch.Claim, traceparent: str | None, seen: dict[str, str],
         row: asyncpg.Record | None, checked: checks.Checked | None,
     ) -> str:
-        async with self.pool.acquire() as conn:
-            if row is None:
-                row = await repository.load_command(conn, held.tenant_id, held.operation_id)
-            seen["connector"] = row["connector"]
-            spans.annotate(action=row["action"], connector=row["connector"])
-            checked = checked or await self._refusal(conn, row)
-            if checked.refusal is not None:
-                state, reason = checked.refusal
-                await self._finalize(conn, held, state, reason=reason, traceparent=traceparent,
-                                     also=checked.also())
-                return state
-            arguments = json.loads(await self.cipher.decrypt(
-                conn, held.tenant_id, held.operation_id, bytes(row["payload_ciphertext"]),
-                row["payload_key_version"],
-            ))
-            connector = self.connectors[row["connector"]]
-            token = self.credentials.token(connector.name, held.tenant_id)
-            if token is None:
-                await self._finalize(conn, held, "denied", traceparent=traceparent,
-                                     reason="no write credential for this tenant",
-                                     also=checked.also())
-                return "denied"
+        # Before any call: across a database blip only while the lease covers it (R5.5).
+        prepared = await self._while_held(
+            held, "prepare", lambda: self._prepare(held, traceparent, seen, row, checked),
+            until=held.lease_until - timedelta(seconds=RETRY_MARGIN_S))
+        if isinstance(prepared, str):
+            return prepared
+        row, checked, connector, token, arguments = prepared
         call = base.Call(held.tenant_id, held.operation_id, row["action"], row["resource_id"],
                          arguments, row["expected_revision"], fencing_generation=held.generation)
         result, held, stale = await self._call(connector, call, token, held, traceparent,
@@ -270,6 +265,36 @@ class Dispatcher:
             # attempt, and may settle or contradict what the ledger says now (issue 37 §3).
             await self._record_late(held, result, row["connector"], traceparent)
             raise
+
+    async def _prepare(
+        self, held: dispatch.Claim, traceparent: str | None, seen: dict[str, str],
+        row: asyncpg.Record | None, checked: checks.Checked | None,
+    ) -> str | _Prepared:
+        """What the call needs (the command, the checks, the connector, its credential, the
+        decrypted arguments), or the state recorded instead of calling (a refusal)."""
+        async with self.pool.acquire() as conn:
+            if row is None:
+                row = await repository.load_command(conn, held.tenant_id, held.operation_id)
+            seen["connector"] = row["connector"]
+            spans.annotate(action=row["action"], connector=row["connector"])
+            checked = checked or await self._refusal(conn, row)
+            if checked.refusal is not None:
+                state, reason = checked.refusal
+                await self._finalize(conn, held, state, reason=reason, traceparent=traceparent,
+                                     also=checked.also())
+                return state
+            arguments = json.loads(await self.cipher.decrypt(
+                conn, held.tenant_id, held.operation_id, bytes(row["payload_ciphertext"]),
+                row["payload_key_version"],
+            ))
+            connector = self.connectors[row["connector"]]
+            token = self.credentials.token(connector.name, held.tenant_id)
+            if token is None:
+                await self._finalize(conn, held, "denied", traceparent=traceparent,
+                                     reason="no write credential for this tenant",
+                                     also=checked.also())
+                return "denied"
+        return _Prepared(row, checked, connector, token, arguments)
 
     async def _record_late(self, held: dispatch.Claim, result: base.Result, connector: str,
                            traceparent: str | None) -> None:
@@ -304,10 +329,20 @@ class Dispatcher:
                 # The same request with the same key: the provider dedupes (R6.4), never a
                 # new key.
                 resends += 1
-                async with self.pool.acquire() as conn:
-                    await dispatch.finish_attempt(conn, held, "unknown", result.reason)
-                    held = await dispatch.new_attempt(conn, held, kind="resend",
-                                                      traceparent=traceparent)
+                try:
+                    # Writes before a call: across a blip only while the lease covers it.
+                    held = await self._while_held(
+                        held, "resend", _resend_attempt(self.pool, held, result, traceparent),
+                        until=held.lease_until - timedelta(seconds=RETRY_MARGIN_S))
+                except errors.StorageError as exc:
+                    if not exc.retryable:
+                        raise
+                    # The ledger stayed away past the lease: no resend; the answer in hand
+                    # (in doubt) is recorded as `unknown`, token-fenced, for the reconciler's
+                    # lookup, instead of the command waiting for its lease (issue 41 §6).
+                    log.warning("event=resend_skipped operation_id=%s error=%s",
+                                held.operation_id, exc.code)
+                    break
                 result, _ = await self._attempt(connector, call, token, held, "resend", first)
         except errors.StaleClaim:
             # Taken over between two calls (the pre-call check refused the next one): the
@@ -498,3 +533,17 @@ async def _final_rows(conn: repository.Conn, tenant_id: UUID,
         recorded = await steps.finalize(tx, tenant_id, rows)
         await coalesce.before_commit(rows)
         return recorded
+
+
+def _resend_attempt(pool: asyncpg.Pool, held: dispatch.Claim, result: base.InDoubt,
+                    traceparent: str | None) -> Callable[[], Awaitable[dispatch.Claim]]:
+    """The writes before a resend: the attempt in doubt closed ``unknown``, a new attempt
+    under the same claim. Safe to run again after a blip: the close rewrites the same row,
+    and an insert that committed unseen leaves an attempt never marked as sent, which no
+    recovery counts as one that may have acted."""
+    async def write() -> dispatch.Claim:
+        async with pool.acquire() as conn:
+            await dispatch.finish_attempt(conn, held, "unknown", result.reason)
+            return await dispatch.new_attempt(conn, held, kind="resend",
+                                              traceparent=traceparent)
+    return write
