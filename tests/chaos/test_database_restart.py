@@ -12,9 +12,10 @@ again. Every command must end terminal, with exactly one CRM effect, its audit t
 how long after the heal that took is reported, not asserted.
 
 A second case keeps the worker frozen past the restart until the reconciler has taken its
-command over: the outcome it then retries — past its lease, through a pool whose connections
-the crash killed — is refused by the token the take-over replaced, and what the provider told
-it is recorded on its own attempt as a late answer, never as the outcome.
+command over, then crashes the primary again and resumes the worker into that outage: the
+outcome it retries, long past its lease, is refused once the primary is back by the token the
+take-over replaced, and what the provider told it is recorded on its own attempt as a late
+answer, never as the outcome.
 """
 
 from __future__ import annotations
@@ -219,11 +220,18 @@ def test_a_worker_frozen_through_the_restart_is_refused_after_a_take_over(
                           timeout=harness.SETTLE_S, interval=0.2), harness.unsettled(p, ops)
         taken = _commands(p, [op])[op]
         assert taken[1] > generation, taken
+        # The primary crashes again and the stale worker resumes into the outage: its outcome
+        # fails on the database, long past its lease, and is retried (the new path).
+        pair.primary("stop", "immediate")
     finally:
         if harness.stopped(pid):
             os.kill(pid, signal.SIGCONT)
-    # The stale worker resumes with the provider's answer and retries its outcome (its pooled
-    # connections died with the primary): refused, and its answer recorded late on its attempt.
+    retried = f"event=write_retried what=finalize operation_id={op}"
+    assert wait_until(lambda: retried in svc.log.read_text(errors="replace")[since:],
+                      timeout=60), svc.tail()
+    _heal(pair)
+    # Once the primary is back its retried outcome is refused by the token the take-over
+    # replaced, and what the provider told it is recorded late on its own attempt.
     late = "SELECT late_answer FROM command_attempt WHERE operation_id = %s AND " \
            "fencing_generation = %s AND late_answer IS NOT NULL"
     assert wait_until(lambda: bool(_rows(p, late, str(op), generation)), timeout=90), \
