@@ -188,3 +188,61 @@ async def test_an_error_that_is_not_the_database_is_not_retried(
     with pytest.raises(KeyError):
         await _worker().record(held, base.Applied("crm:note:1"), connector="crm")
     assert tries == [1]
+
+
+class _Connector:
+    name = "crm"
+    contract = base.Contract("keyed", lookup=True, call_timeout_s=1.0)
+
+
+def _resend_world(monkeypatch: pytest.MonkeyPatch, refused: int) -> tuple[list[str], list[str]]:
+    """A first call in doubt; the resend's attempt writes refused ``refused`` times."""
+    calls: list[str] = []
+    writes: list[str] = []
+
+    async def attempt(_self: Any, _c: Any, _call: Any, _t: Any, held: dispatch.Claim,
+                      kind: str, _first: Any, **_k: Any) -> tuple[base.Result, Any]:
+        calls.append(kind)
+        if kind == "dispatch":
+            return base.InDoubt("the call's bound ran out"), None
+        return base.Applied("crm:note:1"), None
+
+    async def finish_attempt(*_a: Any) -> None:
+        writes.append("finish")
+        if len(writes) <= refused:
+            raise ConnectionRefusedError(111, "Connect call failed")
+
+    async def new_attempt(_conn: Any, held: dispatch.Claim, **_k: Any) -> dispatch.Claim:
+        writes.append("new")
+        return held
+
+    monkeypatch.setattr(dispatcher.Dispatcher, "_attempt", attempt)
+    monkeypatch.setattr(dispatch, "finish_attempt", finish_attempt)
+    monkeypatch.setattr(dispatch, "new_attempt", new_attempt)
+    return calls, writes
+
+
+async def test_a_resend_is_prepared_across_a_blip_while_the_lease_covers_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls, writes = _resend_world(monkeypatch, refused=2)
+    held = dispatch.Claim(uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), "w1", 3,
+                          datetime.now(UTC) + timedelta(seconds=30), uuid.uuid4(), "pending")
+    call = base.Call(held.tenant_id, held.operation_id, "crm.note.create", "c1", {}, None)
+    result, _, stale = await _worker()._call(_Connector(), call, "t", held, None)  # type: ignore[arg-type]
+    assert (result, stale) == (base.Applied("crm:note:1"), False)
+    assert calls == ["dispatch", "resend"]
+    assert writes == ["finish", "finish", "finish", "new"]
+
+
+async def test_a_resend_is_never_prepared_past_the_lease_and_the_doubt_is_recorded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The ledger is away and the lease ran out: no resend (it would need a mark on an expired
+    # lease); the answer in doubt is what ``record`` then writes, as `unknown`.
+    calls, writes = _resend_world(monkeypatch, refused=99)
+    held = _expired()
+    call = base.Call(held.tenant_id, held.operation_id, "crm.note.create", "c1", {}, None)
+    result, _, stale = await _worker()._call(_Connector(), call, "t", held, None)  # type: ignore[arg-type]
+    assert isinstance(result, base.InDoubt) and not stale
+    assert calls == ["dispatch"] and writes == ["finish"]
