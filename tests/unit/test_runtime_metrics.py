@@ -428,20 +428,31 @@ async def test_a_finalize_that_fails_on_the_database_is_tried_again_while_the_cl
     assert calls == ["succeeded"] * 3
 
 
-async def test_a_write_is_never_retried_past_the_claims_lease(
+async def test_a_pre_call_mark_is_never_retried_past_the_claims_lease(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # Never send on an expired lease: the mark's retries end with the lease (less a margin);
+    # only an outcome already given is retried past it (tests/unit/test_outcome_retry.py).
     held = dataclasses_replace(_claim("pending"), lease_until=datetime.now(UTC))
-    calls: list[str] = []
+    marks: list[object] = []
+    sent: list[object] = []
 
-    async def final_rows(_conn: Any, _tenant: Any, rows: Any) -> list[bool]:
-        calls.extend(r.state for r in rows)
+    async def mark_rows(_conn: Any, _tenant: Any, rows: Any) -> list[datetime | None]:
+        marks.extend(rows)
         raise errors.StorageError("still down")
 
-    monkeypatch.setattr(dispatcher, "_final_rows", final_rows)
+    async def execute(*a: Any, **_k: Any) -> base.Result:
+        sent.append(a)
+        return base.Applied("crm:note:1")
+
+    monkeypatch.setattr(dispatcher, "_mark_rows", mark_rows)
+    monkeypatch.setattr(dispatcher.boundary, "execute", execute)
     worker = dispatcher.Dispatcher(
         pool=_Pool(), connectors={}, credentials=None, cipher=None,  # type: ignore[arg-type]
-        authorizer=None, allowlist=None, worker_id="w1")  # type: ignore[arg-type]
+        authorizer=None, allowlist=None, worker_id="w1", call_timeout_s=1.0)  # type: ignore[arg-type]
+    call = base.Call(held.tenant_id, held.operation_id, "crm.note.create", "c1", {}, None)
     with pytest.raises(errors.StorageError):
-        await worker.record(held, base.Applied("crm:note:1"), connector="crm")
-    assert calls == ["succeeded"]  # the lease has no time left: the reconciler's now
+        await worker._attempt(_Connector(base.Contract("keyed", call_timeout_s=1.0)),  # type: ignore[arg-type]
+                              call, "token", held, "dispatch", None)
+    assert len(marks) == 1  # the lease has no time left: the reconciler's now
+    assert sent == []  # and nothing was sent

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 from uuid import UUID
 
 import asyncpg
@@ -47,11 +47,17 @@ RESENDS = 2
 # A refused connection proves nothing was sent; retry it this often before handing back.
 NOT_SENT_RETRIES = 3
 # A write of a claim we hold (the pre-call mark, the outcome) that fails on the database (a
-# restart, a failover, a blip) is tried again while the claim is ours (issue 41 §6): the
-# command finishes seconds after the database is back instead of waiting for its lease and
-# the reconciler. First retry after 0.2 s, doubling to at most 2 s; never past the claim's
-# lease less this margin — past it the lease, not this process, decides (R5.5).
-RETRY_FIRST_S, RETRY_MAX_S, RETRY_MARGIN_S = 0.2, 2.0, 1.0
+# restart, a failover, a blip) is tried again (issue 41 §6): the command finishes seconds
+# after the database is back instead of waiting for its lease and the reconciler. First retry
+# after 0.2 s, doubling to at most 1 s (the pause is what a command waits after the heal).
+# The pre-call mark is never tried past the claim's lease less RETRY_MARGIN_S: no call is
+# made on a lease that may have run out (R5.5). An outcome the provider already gave is tried
+# for OUTCOME_RETRY_S whatever the lease: its statement is conditioned on the claim's token
+# (steps.sql `finalize`), which every take-over replaces, so a worker whose claim was taken is
+# refused (StaleClaim) however late it retries; past the bound it is logged as unrecorded and
+# the lease and the reconciler recover the command as before.
+RETRY_FIRST_S, RETRY_MAX_S, RETRY_MARGIN_S = 0.2, 1.0, 1.0
+OUTCOME_RETRY_S = 60.0
 
 Disposition = Literal["claimed", "terminal", "held", "missing", "foreign"]
 # Bounded names of what a call returned (span attribute and metric label).
@@ -68,6 +74,16 @@ class Begun:
     row: asyncpg.Record | None = None  # the command as loaded before the claim
     # The dispatch-time checks made in the claim's transaction (``_refusal``'s answer).
     checked: checks.Checked | None = None
+
+
+class _Prepared(NamedTuple):
+    """What a call needs, read before it (``Dispatcher._prepare``)."""
+
+    row: asyncpg.Record
+    checked: checks.Checked
+    connector: base.Connector
+    token: str
+    arguments: Any
 
 
 @dataclass
@@ -213,28 +229,13 @@ class Dispatcher:
         self, held: dispatch.Claim, traceparent: str | None, seen: dict[str, str],
         row: asyncpg.Record | None, checked: checks.Checked | None,
     ) -> str:
-        async with self.pool.acquire() as conn:
-            if row is None:
-                row = await repository.load_command(conn, held.tenant_id, held.operation_id)
-            seen["connector"] = row["connector"]
-            spans.annotate(action=row["action"], connector=row["connector"])
-            checked = checked or await self._refusal(conn, row)
-            if checked.refusal is not None:
-                state, reason = checked.refusal
-                await self._finalize(conn, held, state, reason=reason, traceparent=traceparent,
-                                     also=checked.also())
-                return state
-            arguments = json.loads(await self.cipher.decrypt(
-                conn, held.tenant_id, held.operation_id, bytes(row["payload_ciphertext"]),
-                row["payload_key_version"],
-            ))
-            connector = self.connectors[row["connector"]]
-            token = self.credentials.token(connector.name, held.tenant_id)
-            if token is None:
-                await self._finalize(conn, held, "denied", traceparent=traceparent,
-                                     reason="no write credential for this tenant",
-                                     also=checked.also())
-                return "denied"
+        # Before any call: across a database blip only while the lease covers it (R5.5).
+        prepared = await self._while_held(
+            held, "prepare", lambda: self._prepare(held, traceparent, seen, row, checked),
+            until=held.lease_until - timedelta(seconds=RETRY_MARGIN_S))
+        if isinstance(prepared, str):
+            return prepared
+        row, checked, connector, token, arguments = prepared
         call = base.Call(held.tenant_id, held.operation_id, row["action"], row["resource_id"],
                          arguments, row["expected_revision"], fencing_generation=held.generation)
         result, held, stale = await self._call(connector, call, token, held, traceparent,
@@ -264,6 +265,36 @@ class Dispatcher:
             # attempt, and may settle or contradict what the ledger says now (issue 37 §3).
             await self._record_late(held, result, row["connector"], traceparent)
             raise
+
+    async def _prepare(
+        self, held: dispatch.Claim, traceparent: str | None, seen: dict[str, str],
+        row: asyncpg.Record | None, checked: checks.Checked | None,
+    ) -> str | _Prepared:
+        """What the call needs (the command, the checks, the connector, its credential, the
+        decrypted arguments), or the state recorded instead of calling (a refusal)."""
+        async with self.pool.acquire() as conn:
+            if row is None:
+                row = await repository.load_command(conn, held.tenant_id, held.operation_id)
+            seen["connector"] = row["connector"]
+            spans.annotate(action=row["action"], connector=row["connector"])
+            checked = checked or await self._refusal(conn, row)
+            if checked.refusal is not None:
+                state, reason = checked.refusal
+                await self._finalize(conn, held, state, reason=reason, traceparent=traceparent,
+                                     also=checked.also())
+                return state
+            arguments = json.loads(await self.cipher.decrypt(
+                conn, held.tenant_id, held.operation_id, bytes(row["payload_ciphertext"]),
+                row["payload_key_version"],
+            ))
+            connector = self.connectors[row["connector"]]
+            token = self.credentials.token(connector.name, held.tenant_id)
+            if token is None:
+                await self._finalize(conn, held, "denied", traceparent=traceparent,
+                                     reason="no write credential for this tenant",
+                                     also=checked.also())
+                return "denied"
+        return _Prepared(row, checked, connector, token, arguments)
 
     async def _record_late(self, held: dispatch.Claim, result: base.Result, connector: str,
                            traceparent: str | None) -> None:
@@ -298,10 +329,20 @@ class Dispatcher:
                 # The same request with the same key: the provider dedupes (R6.4), never a
                 # new key.
                 resends += 1
-                async with self.pool.acquire() as conn:
-                    await dispatch.finish_attempt(conn, held, "unknown", result.reason)
-                    held = await dispatch.new_attempt(conn, held, kind="resend",
-                                                      traceparent=traceparent)
+                try:
+                    # Writes before a call: across a blip only while the lease covers it.
+                    held = await self._while_held(
+                        held, "resend", _resend_attempt(self.pool, held, result, traceparent),
+                        until=held.lease_until - timedelta(seconds=RETRY_MARGIN_S))
+                except errors.StorageError as exc:
+                    if not exc.retryable:
+                        raise
+                    # The ledger stayed away past the lease: no resend; the answer in hand
+                    # (in doubt) is recorded as `unknown`, token-fenced, for the reconciler's
+                    # lookup, instead of the command waiting for its lease (issue 41 §6).
+                    log.warning("event=resend_skipped operation_id=%s error=%s",
+                                held.operation_id, exc.code)
+                    break
                 result, _ = await self._attempt(connector, call, token, held, "resend", first)
         except errors.StaleClaim:
             # Taken over between two calls (the pre-call check refused the next one): the
@@ -328,8 +369,10 @@ class Dispatcher:
         # Immediately before the call, on the ledger and not from memory: a worker that
         # stalled past its lease (a GC pause, a frozen VM) must not act on a claim that was
         # taken from it; and an unmarked claim is known never to have sent (issue 17).
-        lease_until = await self._while_held(held, "mark", lambda: self._marks.submit(
-            held.tenant_id, steps.MarkRow(held, bound + dispatch.CALL_MARGIN_S, decision)))
+        lease_until = await self._while_held(
+            held, "mark", lambda: self._marks.submit(
+                held.tenant_id, steps.MarkRow(held, bound + dispatch.CALL_MARGIN_S, decision)),
+            until=held.lease_until - timedelta(seconds=RETRY_MARGIN_S))
         if lease_until is None:
             raise errors.StaleClaim("the claim is no longer current; the call was not made",
                                     operation_id=str(held.operation_id))
@@ -376,9 +419,18 @@ class Dispatcher:
             final_state, receipt, reason = final
             row = dispatch.final_row(held, final_state, receipt=receipt, reason=reason,
                                      traceparent=traceparent)
-            recorded = await self._while_held(held, "finalize", lambda: self._finals.submit(
-                held.tenant_id, row))
-            if not recorded:
+            tries = 0
+
+            def finalize() -> Awaitable[bool]:
+                nonlocal tries
+                tries += 1
+                return self._finals.submit(held.tenant_id, row)
+
+            # Token-fenced, not lease-bound: see OUTCOME_RETRY_S.
+            recorded = await self._while_held(
+                held, "finalize", finalize,
+                until=datetime.now(UTC) + timedelta(seconds=OUTCOME_RETRY_S))
+            if not recorded and not (tries > 1 and await self._recorded_before(row)):
                 raise dispatch.stale_outcome(held)
             state = final_state
         else:
@@ -403,29 +455,60 @@ class Dispatcher:
         return state
 
     async def _while_held(self, held: dispatch.Claim, what: str,
-                          write: Callable[[], Awaitable[T]]) -> T:
+                          write: Callable[[], Awaitable[T]], *, until: datetime) -> T:
         """``write`` (a write conditional on ``held``), tried again after a retryable
-        database failure while the claim's lease has time left (``RETRY_*``).
+        database failure until ``until`` (``RETRY_*``, ``OUTCOME_RETRY_S``). A connection
+        refused or reset while the pool reconnects (the server restarting: no
+        ``StorageError`` yet) counts as one.
 
         Raises:
             StaleClaim: the claim was taken over (never retried).
-            StorageError: still failing at the lease's end, or not retryable.
+            StorageError: still failing at ``until``, or not retryable.
         """
-        deadline = held.lease_until - timedelta(seconds=RETRY_MARGIN_S)
         pause = RETRY_FIRST_S
         while True:
             try:
                 return await write()
             except errors.StaleClaim:
                 raise
-            except errors.StorageError as exc:
-                left = (deadline - datetime.now(UTC)).total_seconds()
-                if not exc.retryable or left <= pause:
+            except Exception as exc:
+                failed = (exc if isinstance(exc, errors.StorageError)
+                          else repository.driver_error(exc))
+                if failed is None:
                     raise
+                left = (until - datetime.now(UTC)).total_seconds()
+                if not failed.retryable or left <= pause:
+                    if what == "finalize":
+                        log.error("event=outcome_unrecorded operation_id=%s generation=%d "
+                                  "error=%s: the lease and the reconciler recover it",
+                                  held.operation_id, held.generation, failed.code)
+                    if failed is exc:
+                        raise
+                    raise failed from exc
                 log.warning("event=write_retried what=%s operation_id=%s error=%s in_s=%.1f",
-                            what, held.operation_id, exc.code, pause)
-                await asyncio.sleep(pause)  # backoff across an outage, bounded by the lease
+                            what, held.operation_id, failed.code, pause)
+                await asyncio.sleep(pause)  # backoff across an outage, bounded by `until`
                 pause = min(pause * 2, RETRY_MAX_S)
+
+    async def _recorded_before(self, row: steps.FinalRow) -> bool:
+        """Whether an earlier try of ``row`` committed although its answer was lost (the
+        connection died under its COMMIT), so the retry found the claim already released: the
+        claim's own attempt is closed with this outcome's result, which only this finalize
+        writes (a take-over closes only attempts never sent, as ``abandoned``)."""
+        held = row.held
+        try:
+            async with self.pool.acquire() as conn:
+                tried = await dispatch.attempts(conn, held.tenant_id, held.operation_id)
+                current = await repository.load_command(conn, held.tenant_id,
+                                                        held.operation_id)
+        except Exception as exc:
+            if repository.driver_error(exc) is None and not isinstance(exc,
+                                                                       errors.StorageError):
+                raise
+            return False  # not provable now: counted as taken over, its answer recorded late
+        mine = next((a for a in tried if a["attempt_id"] == held.attempt_id), None)
+        return (mine is not None and mine["finished_at"] is not None
+                and mine["result"] == row.attempt_result and current["state"] == row.state)
 
     async def _finalize(
         self, conn: repository.Conn, held: dispatch.Claim, state: dispatch.FinalState, *,
@@ -450,3 +533,17 @@ async def _final_rows(conn: repository.Conn, tenant_id: UUID,
         recorded = await steps.finalize(tx, tenant_id, rows)
         await coalesce.before_commit(rows)
         return recorded
+
+
+def _resend_attempt(pool: asyncpg.Pool, held: dispatch.Claim, result: base.InDoubt,
+                    traceparent: str | None) -> Callable[[], Awaitable[dispatch.Claim]]:
+    """The writes before a resend: the attempt in doubt closed ``unknown``, a new attempt
+    under the same claim. Safe to run again after a blip: the close rewrites the same row,
+    and an insert that committed unseen leaves an attempt never marked as sent, which no
+    recovery counts as one that may have acted."""
+    async def write() -> dispatch.Claim:
+        async with pool.acquire() as conn:
+            await dispatch.finish_attempt(conn, held, "unknown", result.reason)
+            return await dispatch.new_attempt(conn, held, kind="resend",
+                                              traceparent=traceparent)
+    return write
