@@ -24,10 +24,14 @@ and the schema, by file name: deterministic, and changed by any edit (reformatti
 Principal data (roles, revocation) is looked up per evaluation through a
 :class:`PrincipalDirectory`, so revoking a principal is a data change that stops queued work
 at the executor's re-check before dispatch.
+
+Answers are memoised per instance (:mod:`agentledger.policy.memo`), keyed on everything Cedar
+is handed, the principal's roles and revocation as read now included; errors never are.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import types
@@ -42,6 +46,7 @@ import cedarpy
 from agentledger import canonical, errors, settings
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import decision as decision_mod
+from agentledger.policy import memo
 
 DEFAULT_DIR: Final = Path(__file__).with_name("policies")
 SCHEMA_FILE: Final = "schema.cedarschema.json"
@@ -52,6 +57,9 @@ _Q_PERFORM: Final = "perform"
 _Q_UNATTENDED: Final = "perform_unattended"
 _Q_APPROVE: Final = "approve"
 _Q_DENY: Final = "deny"
+
+# Cedar's answer to one question: allowed, the determining @ids, errored.
+Answer = tuple[bool, tuple[str, ...], bool]
 
 
 def configured_dir() -> Path:
@@ -169,6 +177,16 @@ def _operation(request: PolicyRequest) -> dict[str, object]:
     return operation
 
 
+class _Unmemoised(Exception):
+    """Answers with an error in them: returned to the asker, kept out of the memo (an
+    ``lru_cache`` stores what its function returns, never what it raises). Never leaves
+    this module."""
+
+    def __init__(self, answers: tuple[Answer, ...]) -> None:
+        super().__init__("errored Cedar answers")
+        self.answers = answers
+
+
 class CedarPolicy:
     """The policy set in ``policies/``, validated against its schema at load.
 
@@ -176,9 +194,11 @@ class CedarPolicy:
     is the richer entry point, :meth:`authorize` looks the principal up first.
     """
 
-    def __init__(self, directory: Path | str | None = None) -> None:
+    def __init__(self, directory: Path | str | None = None, *,
+                 memo_size: int | None = None) -> None:
         """Load and validate ``*.cedar`` and the schema from ``directory`` (default:
-        ``AGENTLEDGER_POLICY_DIR``, else the packaged policies, the demo's).
+        ``AGENTLEDGER_POLICY_DIR``, else the packaged policies, the demo's). ``memo_size``:
+        the bound of the memo of answers (default ``AGENTLEDGER_POLICY_MEMO_SIZE``; 0: off).
 
         Raises:
             errors.ValidationFailed: missing files, unparseable or invalid policies, a policy
@@ -213,35 +233,60 @@ class CedarPolicy:
         self._version = f"cedar/sha256:{digest}"
         self.policy_ids: frozenset[str] = frozenset(str(i) for i in ids)
         self.files: Mapping[str, str] = types.MappingProxyType(files)
+        # Per instance: the memo answers for this policy set and schema only, and goes with them.
+        self._memo = functools.lru_cache(
+            maxsize=memo.configured_size() if memo_size is None else memo_size)(self._cedar)
+        memo.register(self)
 
     @property
     def version(self) -> str:
         return self._version
 
+    def memo_stats(self) -> memo.MemoStats:
+        """Hits, misses, entries and bound of this instance's memo of answers."""
+        info = self._memo.cache_info()
+        return memo.MemoStats(info.hits, info.misses, info.currsize, info.maxsize or 0)
+
     def _ask(
         self, questions: list[str], principal: Principal, resource_id: str,
         resource_tenant: UUID, context: dict[str, object], extra: list[dict[str, Any]],
-    ) -> list[tuple[bool, tuple[str, ...], bool]]:
-        """(allowed, determining @ids, errored) per question."""
+    ) -> tuple[Answer, ...]:
+        """(allowed, determining @ids, errored) per question, from the memo or from Cedar."""
         entities = [
             {"uid": _uid("Tenant", str(t)), "attrs": {}, "parents": []}
             for t in sorted({principal.tenant_id, resource_tenant}, key=str)
         ]
+        resource = f"{resource_tenant}/{resource_id}"
         entities += [_principal_entity(principal), *extra, {
-            "uid": _uid("Resource", f"{resource_tenant}/{resource_id}"),
+            "uid": _uid("Resource", resource),
             "attrs": {"tenant": {"__entity": _uid("Tenant", str(resource_tenant))}},
             "parents": [],
         }]
+        try:  # the JSON texts cedarpy would make of them itself: the key costs no extra dumps
+            entities_json, context_json = json.dumps(entities), json.dumps(context)
+        except (TypeError, ValueError):  # not JSON: no request Cedar could parse; denied
+            return tuple((False, (), True) for _ in questions)
+        try:
+            return self._memo(tuple(questions), _principal_uid(principal)["id"], resource,
+                              context_json, entities_json)
+        except _Unmemoised as exc:
+            return exc.answers
+
+    def _cedar(self, questions: tuple[str, ...], principal: str, resource: str, context: str,
+               entities: str) -> tuple[Answer, ...]:
+        """Cedar's answers: a function of these arguments and of the instance's policy set
+        and schema alone, which is what lets the memo key on the arguments (see
+        :mod:`agentledger.policy.memo`). Errored answers are raised, so never memoised."""
         requests = [{
-            "principal": _principal_uid(principal),
+            "principal": _uid("Principal", principal),
             "action": _uid("Action", q),
-            "resource": _uid("Resource", f"{resource_tenant}/{resource_id}"),
+            "resource": _uid("Resource", resource),
             "context": context,
         } for q in questions]
         try:
             results = cedarpy.is_authorized_batch(requests, self._policies, entities, self._schema)
         except ValueError:  # a request Cedar cannot even parse is denied, like any error
-            return [(False, (), True) for _ in questions]
+            raise _Unmemoised(tuple((False, (), True) for _ in questions)) from None
         answers = []
         for r in results:
             names = r.diagnostics.id_annotations_by_reason
@@ -250,7 +295,9 @@ class CedarPolicy:
                 tuple(sorted(str(names.get(p, p)) for p in r.diagnostics.reasons)),
                 bool(r.diagnostics.errors),
             ))
-        return answers
+        if any(errored for _, _, errored in answers):
+            raise _Unmemoised(tuple(answers))
+        return tuple(answers)
 
     def _decision(
         self, effect: decision_mod.Effect, reason: str, reasons: tuple[str, ...] = ()
