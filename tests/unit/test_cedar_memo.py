@@ -185,13 +185,19 @@ def test_an_unparseable_request_is_denied_and_not_memoised() -> None:
         who("bob", "approver"), refund(2**64)))
     assert (d.effect, hits, misses) == ("deny", 0, 1)
     assert "approval check failed" in d.reason
+    # A revocation flag that is not a bool (1 == True in a key): denied before Cedar is asked,
+    # never the answer memoised for a principal that is not revoked.
+    policy.evaluate(cedar.PolicyRequest(who("alice", "user"), NOTE, "cust-1"))
+    d, hits, misses = stats_after(policy, lambda: policy.evaluate(cedar.PolicyRequest(
+        cedar.Principal(TENANT, "alice", frozenset({"user"}), revoked=0), NOTE, "cust-1")))  # type: ignore[arg-type]
+    assert (d.effect, hits, misses) == ("deny", 0, 0)
     # Not JSON at all: denied before Cedar is asked, nothing counted or kept.
     d, hits, misses = stats_after(policy, lambda: policy.may_deny(
         who("bob", "approver"), tenant_id=TENANT, action=object(),  # type: ignore[arg-type]
         risk="low", connector="crm", resource_id="cust-1"))
     assert (d.effect, hits, misses) == ("deny", 0, 0)
     assert "denial check failed" in d.reason
-    assert policy.memo_stats().entries == 0
+    assert policy.memo_stats().entries == 1  # alice's note, asked once above
 
 
 def test_an_evaluation_error_is_not_memoised(monkeypatch: pytest.MonkeyPatch) -> None:

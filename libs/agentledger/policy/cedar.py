@@ -35,7 +35,7 @@ import functools
 import hashlib
 import json
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -165,6 +165,21 @@ def _principal_entity(p: Principal) -> dict[str, Any]:
     }
 
 
+# A principal as Cedar is told of it (its entity's id, tenant, roles, revocation): a memo key.
+_PrincipalKey = tuple[UUID, str, tuple[str, ...], bool]
+
+
+def _principal_key(p: Principal) -> _PrincipalKey:
+    # A key compares by ==, where True == 1: only a real bool may stand for revoked.
+    if not isinstance(p.revoked, bool):
+        raise TypeError(f"principal {p.principal_id!r}: revoked is not a bool")
+    return (p.tenant_id, p.principal_id, tuple(sorted(p.roles)), p.revoked)
+
+
+def _from_key(key: _PrincipalKey) -> Principal:
+    return Principal(key[0], key[1], frozenset(key[2]), key[3])
+
+
 def _operation(request: PolicyRequest) -> dict[str, object]:
     operation: dict[str, object] = {
         "name": request.action.name,
@@ -249,38 +264,42 @@ class CedarPolicy:
 
     def _ask(
         self, questions: list[str], principal: Principal, resource_id: str,
-        resource_tenant: UUID, context: dict[str, object], extra: list[dict[str, Any]],
+        resource_tenant: UUID, context: dict[str, object], extra: Sequence[Principal] = (),
     ) -> tuple[Answer, ...]:
-        """(allowed, determining @ids, errored) per question, from the memo or from Cedar."""
-        entities = [
-            {"uid": _uid("Tenant", str(t)), "attrs": {}, "parents": []}
-            for t in sorted({principal.tenant_id, resource_tenant}, key=str)
-        ]
-        resource = f"{resource_tenant}/{resource_id}"
-        entities += [_principal_entity(principal), *extra, {
-            "uid": _uid("Resource", resource),
-            "attrs": {"tenant": {"__entity": _uid("Tenant", str(resource_tenant))}},
-            "parents": [],
-        }]
-        try:  # the JSON texts cedarpy would make of them itself: the key costs no extra dumps
-            entities_json, context_json = json.dumps(entities), json.dumps(context)
-        except (TypeError, ValueError):  # not JSON: no request Cedar could parse; denied
+        """(allowed, determining @ids, errored) per question, from the memo or from Cedar;
+        ``extra``: principals the context names, whose entities Cedar needs too."""
+        try:
+            key = (tuple(questions), _principal_key(principal), resource_tenant, resource_id,
+                   json.dumps(context), tuple(_principal_key(p) for p in extra))
+        except (TypeError, ValueError):  # not JSON, or a principal Cedar could not parse
             return tuple((False, (), True) for _ in questions)
         try:
-            return self._memo(tuple(questions), _principal_uid(principal)["id"], resource,
-                              context_json, entities_json)
+            return self._memo(*key)
         except _Unmemoised as exc:
             return exc.answers
 
-    def _cedar(self, questions: tuple[str, ...], principal: str, resource: str, context: str,
-               entities: str) -> tuple[Answer, ...]:
+    def _cedar(
+        self, questions: tuple[str, ...], principal: _PrincipalKey, resource_tenant: UUID,
+        resource_id: str, context: str, extra: tuple[_PrincipalKey, ...],
+    ) -> tuple[Answer, ...]:
         """Cedar's answers: a function of these arguments and of the instance's policy set
         and schema alone, which is what lets the memo key on the arguments (see
         :mod:`agentledger.policy.memo`). Errored answers are raised, so never memoised."""
+        asker = _from_key(principal)
+        entities = [
+            {"uid": _uid("Tenant", str(t)), "attrs": {}, "parents": []}
+            for t in sorted({asker.tenant_id, resource_tenant}, key=str)
+        ]
+        resource = _uid("Resource", f"{resource_tenant}/{resource_id}")
+        entities += [_principal_entity(asker), *(_principal_entity(_from_key(k)) for k in extra), {
+            "uid": resource,
+            "attrs": {"tenant": {"__entity": _uid("Tenant", str(resource_tenant))}},
+            "parents": [],
+        }]
         requests = [{
-            "principal": _uid("Principal", principal),
+            "principal": _principal_uid(asker),
             "action": _uid("Action", q),
-            "resource": _uid("Resource", resource),
+            "resource": resource,
             "context": context,
         } for q in questions]
         try:
@@ -310,7 +329,7 @@ class CedarPolicy:
         resource_tenant = request.resource_tenant_id or request.principal.tenant_id
         (may, why, bad), (alone, why_alone, bad_alone) = self._ask(
             [_Q_PERFORM, _Q_UNATTENDED], request.principal, request.resource_id,
-            resource_tenant, {"operation": _operation(request)}, [],
+            resource_tenant, {"operation": _operation(request)},
         )
         if bad or bad_alone:
             return self._decision("deny", f"{name}: policy evaluation failed; denied")
@@ -329,8 +348,7 @@ class CedarPolicy:
         name = request.action.name
         resource_tenant = request.resource_tenant_id or request.principal.tenant_id
         requester = request.principal
-        extra = [] if _principal_uid(requester) == _principal_uid(approver) else [
-            _principal_entity(requester)]
+        extra = () if _principal_uid(requester) == _principal_uid(approver) else (requester,)
         context = {"operation": _operation(request),
                    "requester": {"__entity": _principal_uid(requester)}}
         ((ok, why, bad),) = self._ask(
@@ -352,7 +370,7 @@ class CedarPolicy:
         """
         operation = {"name": action, "risk": risk, "connector": connector}
         ((ok, why, bad),) = self._ask([_Q_DENY], denier, resource_id, tenant_id,
-                                      {"operation": operation}, [])
+                                      {"operation": operation})
         if bad:
             return self._decision("deny", f"{action}: denial check failed")
         if ok:

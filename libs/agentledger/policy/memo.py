@@ -6,14 +6,16 @@ against the schema, and the same questions recur: an agent's notes on one custom
 executor's re-check of a command admission has just decided, a reviewer's page of requests.
 
 What makes a hit correct. :class:`~agentledger.policy.cedar.CedarPolicy` puts every question
-to Cedar through one function whose only inputs are its arguments — the questions, the
-request's principal and resource ids, the context and the entities as the JSON texts Cedar is
-handed — and the instance's policy set and schema, which are loaded once and never change (a
-process loads its policies when it starts; new policies are a new instance, whose memo starts
-empty). The memo is keyed on exactly those arguments, so it answers what Cedar would. The
-principal's roles and revocation are in the entities as the directory reads them *now*, at
-every evaluation: a revocation or a role change is another key, decided afresh. An answer
-with an evaluation error, or a request Cedar could not parse (both deny), is never memoised.
+to Cedar through one function that builds Cedar's requests and entities from its arguments
+only — the questions; the principal as the directory read it for this evaluation (tenant,
+id, roles, revoked); the resource's tenant and id; the context as its JSON text; the other
+principals the context names (an approval's requester) — and asks the instance's policy set
+and schema, which are loaded once and never change (a process loads its policies when it
+starts; new policies are a new instance, whose memo starts empty). The memo is keyed on
+exactly those arguments, so it answers what Cedar would. A revocation or a role change, read
+now, is another key, decided afresh; so are another amount, requester, action or resource.
+An answer with an evaluation error, or a request Cedar could not parse (both deny), is never
+memoised. The key costs ~5 µs against ~200 µs for Cedar (bench/README.md, "Levers").
 
 Bounded (least recently used first out, ``AGENTLEDGER_POLICY_MEMO_SIZE`` entries, 0: off) and
 safe to call from any thread (:func:`functools.lru_cache`; two threads missing on the same key
