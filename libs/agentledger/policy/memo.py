@@ -15,7 +15,7 @@ starts; new policies are a new instance, whose memo starts empty). The memo is k
 exactly those arguments, so it answers what Cedar would. A revocation or a role change, read
 now, is another key, decided afresh; so are another amount, requester, action or resource.
 An answer with an evaluation error, or a request Cedar could not parse (both deny), is never
-memoised. The key costs ~5 µs against ~200 µs for Cedar (bench/README.md, "Levers").
+memoised. The key costs ~7 µs against ~200 µs for Cedar (bench/README.md, "Levers").
 
 Bounded (least recently used first out, ``AGENTLEDGER_POLICY_MEMO_SIZE`` entries, 0: off) and
 safe to call from any thread (:func:`functools.lru_cache`; two threads missing on the same key
