@@ -34,6 +34,11 @@ PolicyDir = Annotated[Path | None, Field(validation_alias="AGENTLEDGER_POLICY_DI
 BudgetsPath = Annotated[Path | None, Field(validation_alias="AGENTLEDGER_BUDGETS")]
 # The operator's N-of-M approval rules (agentledger.approvals.quorum); unset: one approver.
 ApprovalsPath = Annotated[Path | None, Field(validation_alias="AGENTLEDGER_APPROVALS")]
+# Cedar answers memoised per policy set (agentledger.policy.memo), 0: off. 4,096 keeps a busy
+# service's recurring (principal, resource, action) questions at ~1 KB each (~4 MB, measured);
+# past a million the memory is the cost, not the decisions.
+PolicyMemoSize = Annotated[
+    int, Field(ge=0, le=1_000_000, validation_alias="AGENTLEDGER_POLICY_MEMO_SIZE")]
 
 
 class Settings(BaseSettings):
@@ -70,6 +75,7 @@ class PolicySources(BaseSettings):
     policy_dir: PolicyDir = None
     budgets: BudgetsPath = None
     approvals: ApprovalsPath = None
+    policy_memo_size: PolicyMemoSize = 4096
 
 
 def load() -> Settings:

@@ -19,6 +19,7 @@ from agentledger.kafka import batch
 from agentledger.ledger import groupcommit, keys
 from agentledger.policy import allowlist
 from agentledger.policy import check as policy_check
+from agentledger.policy import memo as policy_memo
 from agentledger.policy import repository as policy_repo
 from agentledger.services.admission import handlers
 from agentledger.services.admission.settings import AdmissionSettings
@@ -90,6 +91,7 @@ class AdmissionService:
             ).run(running.stop)
         finally:
             commits.log_stats()
+            policy_memo.log_stats()
             if admitter is not None:
                 admitter.batches.log_stats()
             await asyncio.to_thread(producer.flush, 10)

@@ -17,6 +17,7 @@ from agentledger.executor import dispatcher, inflight
 from agentledger.kafka import batch
 from agentledger.ledger import dispatch, groupcommit, keys
 from agentledger.policy import allowlist
+from agentledger.policy import memo as policy_memo
 from agentledger.policy import repository as policy_repo
 from agentledger.services.executor import handlers
 from agentledger.services.executor.settings import ExecutorSettings
@@ -86,6 +87,7 @@ class ExecutorService:
                 # Finish in-flight calls (their claims) before closing the pool.
                 await running.drain(cfg.drain_s)
                 commits.log_stats()
+                policy_memo.log_stats()
                 await asyncio.to_thread(producer.flush, 10)
                 for connector in connectors.values():
                     await connector.aclose()

@@ -24,14 +24,18 @@ and the schema, by file name: deterministic, and changed by any edit (reformatti
 Principal data (roles, revocation) is looked up per evaluation through a
 :class:`PrincipalDirectory`, so revoking a principal is a data change that stops queued work
 at the executor's re-check before dispatch.
+
+Answers are memoised per instance (:mod:`agentledger.policy.memo`), keyed on everything Cedar
+is handed, the principal's roles and revocation as read now included; errors never are.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -42,6 +46,7 @@ import cedarpy
 from agentledger import canonical, errors, settings
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.policy import decision as decision_mod
+from agentledger.policy import memo
 
 DEFAULT_DIR: Final = Path(__file__).with_name("policies")
 SCHEMA_FILE: Final = "schema.cedarschema.json"
@@ -52,6 +57,9 @@ _Q_PERFORM: Final = "perform"
 _Q_UNATTENDED: Final = "perform_unattended"
 _Q_APPROVE: Final = "approve"
 _Q_DENY: Final = "deny"
+
+# Cedar's answer to one question: allowed, the determining @ids, errored.
+Answer = tuple[bool, tuple[str, ...], bool]
 
 
 def configured_dir() -> Path:
@@ -157,6 +165,21 @@ def _principal_entity(p: Principal) -> dict[str, Any]:
     }
 
 
+# A principal as Cedar is told of it (its entity's id, tenant, roles, revocation): a memo key.
+_PrincipalKey = tuple[UUID, str, tuple[str, ...], bool]
+
+
+def _principal_key(p: Principal) -> _PrincipalKey:
+    # A key compares by ==, where True == 1: only a real bool may stand for revoked.
+    if not isinstance(p.revoked, bool):
+        raise TypeError(f"principal {p.principal_id!r}: revoked is not a bool")
+    return (p.tenant_id, p.principal_id, tuple(sorted(p.roles)), p.revoked)
+
+
+def _from_key(key: _PrincipalKey) -> Principal:
+    return Principal(key[0], key[1], frozenset(key[2]), key[3])
+
+
 def _operation(request: PolicyRequest) -> dict[str, object]:
     operation: dict[str, object] = {
         "name": request.action.name,
@@ -169,6 +192,16 @@ def _operation(request: PolicyRequest) -> dict[str, object]:
     return operation
 
 
+class _Unmemoised(Exception):
+    """Answers with an error in them: returned to the asker, kept out of the memo (an
+    ``lru_cache`` stores what its function returns, never what it raises). Never leaves
+    this module."""
+
+    def __init__(self, answers: tuple[Answer, ...]) -> None:
+        super().__init__("errored Cedar answers")
+        self.answers = answers
+
+
 class CedarPolicy:
     """The policy set in ``policies/``, validated against its schema at load.
 
@@ -176,9 +209,11 @@ class CedarPolicy:
     is the richer entry point, :meth:`authorize` looks the principal up first.
     """
 
-    def __init__(self, directory: Path | str | None = None) -> None:
+    def __init__(self, directory: Path | str | None = None, *,
+                 memo_size: int | None = None) -> None:
         """Load and validate ``*.cedar`` and the schema from ``directory`` (default:
-        ``AGENTLEDGER_POLICY_DIR``, else the packaged policies, the demo's).
+        ``AGENTLEDGER_POLICY_DIR``, else the packaged policies, the demo's). ``memo_size``:
+        the bound of the memo of answers (default ``AGENTLEDGER_POLICY_MEMO_SIZE``; 0: off).
 
         Raises:
             errors.ValidationFailed: missing files, unparseable or invalid policies, a policy
@@ -213,35 +248,64 @@ class CedarPolicy:
         self._version = f"cedar/sha256:{digest}"
         self.policy_ids: frozenset[str] = frozenset(str(i) for i in ids)
         self.files: Mapping[str, str] = types.MappingProxyType(files)
+        # Per instance: the memo answers for this policy set and schema only, and goes with them.
+        self._memo = functools.lru_cache(
+            maxsize=memo.configured_size() if memo_size is None else memo_size)(self._cedar)
+        memo.register(self)
 
     @property
     def version(self) -> str:
         return self._version
 
+    def memo_stats(self) -> memo.MemoStats:
+        """Hits, misses, entries and bound of this instance's memo of answers."""
+        info = self._memo.cache_info()
+        return memo.MemoStats(info.hits, info.misses, info.currsize, info.maxsize or 0)
+
     def _ask(
         self, questions: list[str], principal: Principal, resource_id: str,
-        resource_tenant: UUID, context: dict[str, object], extra: list[dict[str, Any]],
-    ) -> list[tuple[bool, tuple[str, ...], bool]]:
-        """(allowed, determining @ids, errored) per question."""
+        resource_tenant: UUID, context: dict[str, object], extra: Sequence[Principal] = (),
+    ) -> tuple[Answer, ...]:
+        """(allowed, determining @ids, errored) per question, from the memo or from Cedar;
+        ``extra``: principals the context names, whose entities Cedar needs too."""
+        try:
+            key = (tuple(questions), _principal_key(principal), resource_tenant, resource_id,
+                   json.dumps(context), tuple(_principal_key(p) for p in extra))
+        except (TypeError, ValueError):  # not JSON, or a principal Cedar could not parse
+            return tuple((False, (), True) for _ in questions)
+        try:
+            return self._memo(*key)
+        except _Unmemoised as exc:
+            return exc.answers
+
+    def _cedar(
+        self, questions: tuple[str, ...], principal: _PrincipalKey, resource_tenant: UUID,
+        resource_id: str, context: str, extra: tuple[_PrincipalKey, ...],
+    ) -> tuple[Answer, ...]:
+        """Cedar's answers: a function of these arguments and of the instance's policy set
+        and schema alone, which is what lets the memo key on the arguments (see
+        :mod:`agentledger.policy.memo`). Errored answers are raised, so never memoised."""
+        asker = _from_key(principal)
         entities = [
             {"uid": _uid("Tenant", str(t)), "attrs": {}, "parents": []}
-            for t in sorted({principal.tenant_id, resource_tenant}, key=str)
+            for t in sorted({asker.tenant_id, resource_tenant}, key=str)
         ]
-        entities += [_principal_entity(principal), *extra, {
-            "uid": _uid("Resource", f"{resource_tenant}/{resource_id}"),
+        resource = _uid("Resource", f"{resource_tenant}/{resource_id}")
+        entities += [_principal_entity(asker), *(_principal_entity(_from_key(k)) for k in extra), {
+            "uid": resource,
             "attrs": {"tenant": {"__entity": _uid("Tenant", str(resource_tenant))}},
             "parents": [],
         }]
         requests = [{
-            "principal": _principal_uid(principal),
+            "principal": _principal_uid(asker),
             "action": _uid("Action", q),
-            "resource": _uid("Resource", f"{resource_tenant}/{resource_id}"),
+            "resource": resource,
             "context": context,
         } for q in questions]
         try:
             results = cedarpy.is_authorized_batch(requests, self._policies, entities, self._schema)
         except ValueError:  # a request Cedar cannot even parse is denied, like any error
-            return [(False, (), True) for _ in questions]
+            raise _Unmemoised(tuple((False, (), True) for _ in questions)) from None
         answers = []
         for r in results:
             names = r.diagnostics.id_annotations_by_reason
@@ -250,7 +314,9 @@ class CedarPolicy:
                 tuple(sorted(str(names.get(p, p)) for p in r.diagnostics.reasons)),
                 bool(r.diagnostics.errors),
             ))
-        return answers
+        if any(errored for _, _, errored in answers):
+            raise _Unmemoised(tuple(answers))
+        return tuple(answers)
 
     def _decision(
         self, effect: decision_mod.Effect, reason: str, reasons: tuple[str, ...] = ()
@@ -263,7 +329,7 @@ class CedarPolicy:
         resource_tenant = request.resource_tenant_id or request.principal.tenant_id
         (may, why, bad), (alone, why_alone, bad_alone) = self._ask(
             [_Q_PERFORM, _Q_UNATTENDED], request.principal, request.resource_id,
-            resource_tenant, {"operation": _operation(request)}, [],
+            resource_tenant, {"operation": _operation(request)},
         )
         if bad or bad_alone:
             return self._decision("deny", f"{name}: policy evaluation failed; denied")
@@ -282,8 +348,7 @@ class CedarPolicy:
         name = request.action.name
         resource_tenant = request.resource_tenant_id or request.principal.tenant_id
         requester = request.principal
-        extra = [] if _principal_uid(requester) == _principal_uid(approver) else [
-            _principal_entity(requester)]
+        extra = () if _principal_uid(requester) == _principal_uid(approver) else (requester,)
         context = {"operation": _operation(request),
                    "requester": {"__entity": _principal_uid(requester)}}
         ((ok, why, bad),) = self._ask(
@@ -305,7 +370,7 @@ class CedarPolicy:
         """
         operation = {"name": action, "risk": risk, "connector": connector}
         ((ok, why, bad),) = self._ask([_Q_DENY], denier, resource_id, tenant_id,
-                                      {"operation": operation}, [])
+                                      {"operation": operation})
         if bad:
             return self._decision("deny", f"{action}: denial check failed")
         if ok:
