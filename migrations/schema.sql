@@ -1058,6 +1058,8 @@ CREATE TABLE public.command_attempt (
     late_answer text,
     late_receipt text,
     late_at timestamp with time zone,
+    call_bound_s double precision,
+    CONSTRAINT command_attempt_call_bound_positive CHECK (((call_bound_s IS NULL) OR (call_bound_s > (0)::double precision))),
     CONSTRAINT command_attempt_kind_check CHECK ((kind = ANY (ARRAY['dispatch'::text, 'lookup'::text, 'resend'::text]))),
     CONSTRAINT command_attempt_late_answer_check CHECK ((late_answer = ANY (ARRAY['applied'::text, 'precondition_failed'::text, 'refused'::text, 'fenced'::text, 'not_sent'::text, 'in_doubt'::text]))),
     CONSTRAINT command_attempt_late_applied_has_receipt CHECK (((late_answer IS DISTINCT FROM 'applied'::text) OR (late_receipt IS NOT NULL))),

@@ -215,3 +215,55 @@ async def test_a_stalled_worker_is_refused_by_the_crm_after_a_newer_claim_wrote(
     assert "stale_fencing_token" in mine["detail"], mine["detail"]
     # One outcome, the newer claim's; nothing recorded for the stale generation.
     assert [o["generation"] for o in outcomes] == [newer.claim.generation]
+
+
+async def test_the_reconciler_waits_out_the_bound_the_worker_marked_not_the_contracts(
+    world: World, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 41 §6: a worker whose call bound is its executor's override (2 s, as in the chaos
+    # tiers) against the CRM contract's 14 s. Stalled after its pre-call check, its lease then
+    # out: the reconciler waits the lease plus the bound the mark recorded for that attempt —
+    # not the contract's, which held every take-over after a database blip 12 s too long.
+    t = await world.tenant()
+    op = await world.admit(t, NOTE, {"body": "bound by its worker"})
+    gate = StallOnce()
+    monkeypatch.setattr(faults, "point", gate)
+    stalled = world.dispatcher("stalled")
+    stalled.call_timeout_s = 2.0
+    held = (await stalled.begin(t.tenant_id, op)).claim
+    assert held is not None
+    stale = asyncio.create_task(stalled.complete(held))
+    try:
+        await asyncio.wait_for(gate.reached.wait(), timeout=30)  # marked, then it stalls
+        async with world.pool.acquire() as conn:
+            (mine,) = [a for a in await dispatch.attempts(conn, t.tenant_id, op)
+                       if a["attempt_id"] == held.attempt_id]
+        assert mine["sent_at"] is not None
+        assert mine["call_bound_s"] == pytest.approx(2.0 + dispatch.CALL_MARGIN_S)
+        contract_s = world.connectors["crm"].contract.call_timeout_s
+        assert contract_s > 2 * mine["call_bound_s"]  # the window's two readings differ
+
+        async def lease_ended(ago: float) -> None:
+            async with world.owner.acquire() as conn:
+                await conn.execute("UPDATE agent_command SET lease_until = now() - "
+                                   "make_interval(secs => $2) WHERE operation_id = $1", op, ago)
+
+        # Inside the recorded bound (2 s past a 3 s window): nothing is taken over.
+        await lease_ended(mine["call_bound_s"] - 1)
+        assert (await world.reconciler().sweep())[op] == "skipped"
+        row = await world.row(t, op)
+        assert (row["state"], row["fencing_generation"]) == ("dispatching", held.generation)
+        # Past it, still well inside the contract's: taken over and looked up at once.
+        await lease_ended(mine["call_bound_s"] + 1)
+        assert (await world.reconciler().sweep())[op] == "requeued"  # the call never left
+        row = await world.row(t, op)
+        assert (row["state"], row["fencing_generation"]) == ("pending", held.generation + 1)
+        # The stalled worker wakes: the provider refuses its generation, nothing is applied.
+        gate.release.set()
+        with pytest.raises(errors.StaleClaim, match="fencing token"):
+            await asyncio.wait_for(stale, timeout=30)
+        assert await world.effects(t, "note.created") == []
+    finally:
+        gate.release.set()
+        if not stale.done():
+            stale.cancel()

@@ -217,9 +217,10 @@ class Reconciler:
             async with self.pool.acquire() as conn:
                 before = await dispatch.attempts(conn, tenant_id, operation_id)
                 current = await repository.load_command(conn, tenant_id, operation_id)
-            if dispatch.may_still_act(before, current["lease_until"], contract.call_timeout_s):
+            if dispatch.may_still_act(before, current["lease_until"]):
                 # A stalled holder may still send: take nothing over and declare nothing
-                # until its call bound has run out past the lease (next passes).
+                # until the call bound its mark covered has run out past the lease (next
+                # passes).
                 return "skipped"
             if current["fencing_generation"] >= self.max_generations + RECOVERY_SLACK:
                 # Take-overs at the cap keep failing to record (each pass raised): stop taking

@@ -194,20 +194,28 @@ def never_sent(tried: Sequence[dict[str, Any]], generation: int) -> bool:
 
 
 def may_still_act(tried: Sequence[dict[str, Any]], lease_until: datetime | None,
-                   call_s: float, *, now: datetime | None = None) -> bool:
+                   call_s: float = MAX_CALL_S, *, now: datetime | None = None) -> bool:
     """Whether an earlier attempt may still reach the provider: stamped as sent, never closed,
-    and its claim's lease ended less than one call bound (plus margin) ago (issue 18 §1).
+    and its claim's lease ended less than that attempt's call bound (plus margin) ago (issue 18
+    §1).
 
     The pre-call check renews the lease to cover each call, so a worker that is merely slow
     has finished by its lease's end; one that stalled (a GC pause, a frozen VM) may still send
     for up to a call bound after it. Declaring ``unknown`` — or resolving — inside that window
     could be contradicted by its late effect, so the reconciler waits it out.
+
+    The bound is the one the attempt's pre-call mark covered, margin included (``call_bound_s``,
+    migration 0052): what its worker used, the executor's override or the contract's. An
+    attempt that recorded none (marked before 0052) is given ``call_s`` plus the margin — by
+    default the longest bound any worker may use, since nobody knows which one it had.
     """
     if lease_until is None:
         return False
-    open_sent = any(a["sent_at"] is not None and a["finished_at"] is None for a in tried)
-    window_ends = lease_until + timedelta(seconds=call_s + CALL_MARGIN_S)
-    return open_sent and (now or datetime.now(UTC)) < window_ends
+    bounds = [a.get("call_bound_s") or call_s + CALL_MARGIN_S for a in tried
+              if a["sent_at"] is not None and a["finished_at"] is None]
+    if not bounds:
+        return False
+    return (now or datetime.now(UTC)) < lease_until + timedelta(seconds=max(bounds))
 
 
 def past_retention(tried: Sequence[dict[str, Any]], retention: timedelta | None, *,

@@ -42,9 +42,10 @@ UPDATE command_attempt SET finished_at = now(), result = $3, detail = $4
 WHERE tenant_id = $1 AND attempt_id = $2;
 
 -- name: attempts --
--- Every attempt of a command, oldest first, with what a provider answered it late (0024).
+-- Every attempt of a command, oldest first, with what a provider answered it late (0024) and
+-- the call bound its pre-call mark covered (0052).
 SELECT attempt_id, fencing_generation, worker_id, kind, started_at, sent_at, finished_at, result,
-       detail, traceparent, late_answer, late_receipt, late_at
+       detail, traceparent, late_answer, late_receipt, late_at, call_bound_s
 FROM command_attempt WHERE tenant_id = $1 AND operation_id = $2 ORDER BY started_at, attempt_id;
 
 -- name: advance_generation --

@@ -60,7 +60,8 @@ LEFT JOIN principal p ON p.tenant_id = claimed.tenant_id AND p.principal_id = cl
 -- Right before calls reach their connectors ($2 operation ids, $3 claim tokens, $4 attempts,
 -- $5 each call's bound plus a margin, in s): proves each claim is still its worker's with its
 -- lease unexpired, makes the lease cover the whole call, and marks the attempt as one that
--- may have reached the connector (issue 17); with each, its dispatch-time policy decision
+-- may have reached the connector (issue 17) with the bound it covered (0052: the reconciler's
+-- "may still act" window); with each, its dispatch-time policy decision
 -- ($6..$13; a NULL id: none). A lease that already covers the call is not rewritten (no
 -- command version, no decoded change): while it runs past now + the bound no take-over can
 -- begin (a take-over needs `lease_until < now()`), which is what the row lock of a renewal
@@ -90,7 +91,8 @@ WITH req AS (
   SELECT operation_id, lease_until FROM covered
   UNION ALL SELECT operation_id, lease_until FROM renewed
 ), stamped AS (
-  UPDATE command_attempt a SET sent_at = coalesce(a.sent_at, now())
+  UPDATE command_attempt a SET sent_at = coalesce(a.sent_at, now()),
+                               call_bound_s = greatest(a.call_bound_s, req.secs)
   FROM proven JOIN req USING (operation_id)
   WHERE a.tenant_id = $1 AND a.attempt_id = req.attempt_id
   RETURNING req.operation_id, proven.lease_until

@@ -11,6 +11,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Double,
     ForeignKey,
     ForeignKeyConstraint,
     Integer,
@@ -87,6 +88,9 @@ command_attempt = Table(
     Column("late_answer", Text),
     Column("late_receipt", Text),
     _ts("late_at"),
+    # The call bound (margin included, s) the pre-call check covered (0052): the reconciler's
+    # "may still act" window after the lease.
+    Column("call_bound_s", Double),
     ForeignKeyConstraint(
         ["tenant_id", "operation_id"],
         ["agent_command.tenant_id", "agent_command.operation_id"],
