@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -162,19 +164,36 @@ class StallOnce:
             await self.release.wait()
 
 
-async def test_a_stalled_worker_is_refused_by_the_crm_after_a_newer_claim_wrote(
-    world: World, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    t = await world.tenant()
-    op = await world.admit(t, NOTE, {"body": "said once"})
+@contextlib.asynccontextmanager
+async def stalled_after_its_mark(
+    world: World, t: Tenant, op: uuid.UUID, monkeypatch: pytest.MonkeyPatch,
+    call_timeout_s: float | None = None,
+) -> AsyncIterator[tuple[StallOnce, dispatch.Claim, asyncio.Task[Any]]]:
+    """A worker ("stalled") that claimed ``op`` and passed its pre-call check, stalled before
+    its call until the gate is released; the task of its ``complete`` is cancelled on exit if
+    it never ended."""
     gate = StallOnce()
     monkeypatch.setattr(faults, "point", gate)
     stalled = world.dispatcher("stalled")
+    stalled.call_timeout_s = call_timeout_s
     held = (await stalled.begin(t.tenant_id, op)).claim
     assert held is not None
     stale = asyncio.create_task(stalled.complete(held))
     try:
         await asyncio.wait_for(gate.reached.wait(), timeout=30)  # passed the pre-call check
+        yield gate, held, stale
+    finally:
+        gate.release.set()
+        if not stale.done():
+            stale.cancel()
+
+
+async def test_a_stalled_worker_is_refused_by_the_crm_after_a_newer_claim_wrote(
+    world: World, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    t = await world.tenant()
+    op = await world.admit(t, NOTE, {"body": "said once"})
+    async with stalled_after_its_mark(world, t, op, monkeypatch) as (gate, held, stale):
         async with world.owner.acquire() as conn:  # then its lease and the call bound after
             await conn.execute("UPDATE agent_command SET lease_until = now() - interval '1 minute'"
                                " WHERE operation_id = $1", op)  # it run out while it stalls
@@ -193,10 +212,6 @@ async def test_a_stalled_worker_is_refused_by_the_crm_after_a_newer_claim_wrote(
         gate.release.set()
         with pytest.raises(errors.StaleClaim, match="fencing token"):
             await asyncio.wait_for(stale, timeout=30)
-    finally:
-        gate.release.set()
-        if not stale.done():
-            stale.cancel()
 
     notes = await world.effects(t, "note.created")
     assert [n["idempotency_key"] for n in notes] == [str(op)]  # one note: the newer claim's
@@ -226,15 +241,7 @@ async def test_the_reconciler_waits_out_the_bound_the_worker_marked_not_the_cont
     # not the contract's, which held every take-over after a database blip 12 s too long.
     t = await world.tenant()
     op = await world.admit(t, NOTE, {"body": "bound by its worker"})
-    gate = StallOnce()
-    monkeypatch.setattr(faults, "point", gate)
-    stalled = world.dispatcher("stalled")
-    stalled.call_timeout_s = 2.0
-    held = (await stalled.begin(t.tenant_id, op)).claim
-    assert held is not None
-    stale = asyncio.create_task(stalled.complete(held))
-    try:
-        await asyncio.wait_for(gate.reached.wait(), timeout=30)  # marked, then it stalls
+    async with stalled_after_its_mark(world, t, op, monkeypatch, 2.0) as (gate, held, stale):
         async with world.pool.acquire() as conn:
             (mine,) = [a for a in await dispatch.attempts(conn, t.tenant_id, op)
                        if a["attempt_id"] == held.attempt_id]
@@ -263,7 +270,3 @@ async def test_the_reconciler_waits_out_the_bound_the_worker_marked_not_the_cont
         with pytest.raises(errors.StaleClaim, match="fencing token"):
             await asyncio.wait_for(stale, timeout=30)
         assert await world.effects(t, "note.created") == []
-    finally:
-        gate.release.set()
-        if not stale.done():
-            stale.cancel()

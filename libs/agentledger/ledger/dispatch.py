@@ -193,8 +193,8 @@ def never_sent(tried: Sequence[dict[str, Any]], generation: int) -> bool:
         a["sent_at"] is None for a in held)
 
 
-def may_still_act(tried: Sequence[dict[str, Any]], lease_until: datetime | None,
-                   call_s: float = MAX_CALL_S, *, now: datetime | None = None) -> bool:
+def may_still_act(tried: Sequence[dict[str, Any]], lease_until: datetime | None, *,
+                  now: datetime | None = None) -> bool:
     """Whether an earlier attempt may still reach the provider: stamped as sent, never closed,
     and its claim's lease ended less than that attempt's call bound (plus margin) ago (issue 18
     §1).
@@ -206,12 +206,12 @@ def may_still_act(tried: Sequence[dict[str, Any]], lease_until: datetime | None,
 
     The bound is the one the attempt's pre-call mark covered, margin included (``call_bound_s``,
     migration 0052): what its worker used, the executor's override or the contract's. An
-    attempt that recorded none (marked before 0052) is given ``call_s`` plus the margin — by
-    default the longest bound any worker may use, since nobody knows which one it had.
+    attempt that recorded none (marked before 0052) is given the longest bound any worker may
+    use (``MAX_CALL_S``) plus the margin, since nobody knows which one it had.
     """
     if lease_until is None:
         return False
-    bounds = [a.get("call_bound_s") or call_s + CALL_MARGIN_S for a in tried
+    bounds = [a.get("call_bound_s") or MAX_CALL_S + CALL_MARGIN_S for a in tried
               if a["sent_at"] is not None and a["finished_at"] is None]
     if not bounds:
         return False
