@@ -19,8 +19,11 @@ SCRIPT = textwrap.dedent("""
     logging.basicConfig(level=logging.INFO)
     installed = telemetry.setup("agentledger-probe")
     tracer = trace.get_tracer("probe")
-    with spans.span(tracer, "probe", attributes={spans.OPERATION_ID: "op-1"}):
+    with spans.span(tracer, "probe", attributes={spans.OPERATION_ID: "op-1"}) as probe:
         logging.getLogger("probe").info("event=probe value=%d", 7)
+        recording = probe.is_recording()  # before it ends: an ended span records nothing more
+        with spans.span(tracer, "child") as child:
+            pass
     try:
         with spans.span(tracer, "failing"):
             raise ValueError("a message that must not be exported")
@@ -29,7 +32,9 @@ SCRIPT = textwrap.dedent("""
     metrics.dispatch_outcomes.add(1, state="succeeded", connector="crm")
     print(json.dumps({"exporters": installed.exporters,
                       "processors": len(installed.tracer_provider._active_span_processor._span_processors)
-                      if installed.tracer_provider else 0}))
+                      if installed.tracer_provider else 0,
+                      "recording": recording,
+                      "traceparents": [spans.traceparent_of(probe), spans.traceparent_of(child)]}))
     installed.shutdown()
 """)
 
@@ -46,24 +51,39 @@ def probe(tmp_path: Path, **env: str) -> tuple[dict[str, object], list[dict[str,
 
 def test_nothing_is_exported_by_default(tmp_path: Path) -> None:
     out, _ = probe(tmp_path)
-    assert out == {"exporters": [], "processors": 0}
+    assert {k: out.pop(k) for k in ("exporters", "processors", "recording")} == {
+        "exporters": [], "processors": 0, "recording": False}
+    # Nothing is recorded, yet every span still has the W3C context the SDK gives it: a root
+    # sampled with a random trace id (03), its child in the same trace with its own span id.
+    root, child = (str(tp).split("-") for tp in out["traceparents"])  # type: ignore[union-attr]
+    assert root[0] == child[0] == "00" and root[3] == child[3] == "03"
+    assert root[1] == child[1] != "0" * 32 and root[2] != child[2]
+
+
+def test_a_sampler_asked_for_by_name_gets_the_sdk_even_with_nothing_exported(tmp_path: Path) -> None:
+    out, _ = probe(tmp_path, OTEL_TRACES_SAMPLER="always_off")
+    assert (out["exporters"], out["processors"], out["recording"]) == ([], 0, False)
+    # always_off: the SDK's own flags (not sampled), not the unrecorded provider's 03.
+    assert [str(tp).rsplit("-", 1)[1] for tp in out["traceparents"]] == ["02", "02"]  # type: ignore[union-attr]
 
 
 def test_otlp_is_used_only_when_an_endpoint_is_set(tmp_path: Path) -> None:
     out, _ = probe(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_EXPORTER_OTLP_TIMEOUT="1",
                    OTEL_BSP_EXPORT_TIMEOUT="1000", OTEL_METRICS_EXPORTER="none")
-    assert out == {"exporters": ["otlp-traces"], "processors": 1}
+    assert (out["exporters"], out["processors"], out["recording"]) == (["otlp-traces"], 1, True)
 
 
 def test_sdk_disabled_installs_nothing(tmp_path: Path) -> None:
     out, lines = probe(tmp_path, OTEL_SDK_DISABLED="true", AGENTLEDGER_TELEMETRY_FILE=str(tmp_path / "t.jsonl"))
-    assert (out, lines) == ({"exporters": [], "processors": 0}, [])
+    assert (out["exporters"], out["processors"], lines) == ([], 0, [])
+    # No SDK at all: the API's no-op tracer, whose root spans carry no context.
+    assert out["recording"] is False and out["traceparents"] == [None, None]
 
 
 def test_the_file_hook_writes_spans_metric_points_and_logs_as_json_lines(tmp_path: Path) -> None:
     out, lines = probe(tmp_path, AGENTLEDGER_TELEMETRY_FILE=str(tmp_path / "t.jsonl"),
                        OTEL_SERVICE_NAME="renamed")
-    assert out["exporters"] == ["file"]
+    assert (out["exporters"], out["recording"]) == (["file"], True)
     assert {line["service"] for line in lines} == {"renamed"}
     by_name = {line["name"]: line for line in lines if line["signal"] == "span"}
     assert by_name["probe"]["attributes"] == {"agentledger.operation_id": "op-1"}

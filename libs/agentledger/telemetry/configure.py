@@ -21,10 +21,11 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader as Periodic
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 
 from agentledger.telemetry import files
+from agentledger.telemetry.unrecorded import UnrecordedTracerProvider
 
 FILE_ENV: Final = "AGENTLEDGER_TELEMETRY_FILE"
 # The file hook is read by tests waiting on a subprocess: a point every half second keeps
@@ -107,12 +108,12 @@ def setup(service_name: str, *, environ: Mapping[str, str] | None = None) -> Tel
         return _installed
     name = env.get("OTEL_SERVICE_NAME") or service_name
     resource = Resource.create({SERVICE_NAME: name})
-    tracer_provider = TracerProvider(resource=resource)
     readers: list[MetricReader] = []
-    installed = Telemetry(tracer_provider=tracer_provider)
+    processors: list[SpanProcessor] = []
+    installed = Telemetry()
     span_exporter, metric_exporter = _otlp(env)
     if span_exporter is not None:
-        tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+        processors.append(BatchSpanProcessor(span_exporter))
         installed.exporters.append("otlp-traces")
     if metric_exporter is not None:
         readers.append(Periodic(metric_exporter))
@@ -122,15 +123,23 @@ def setup(service_name: str, *, environ: Mapping[str, str] | None = None) -> Tel
         lines = files.Lines(path, name)
         # Simple (synchronous) processor: a span is on disk when it ends, even if the
         # process is killed right after.
-        tracer_provider.add_span_processor(SimpleSpanProcessor(files.SpanFileExporter(lines)))
+        processors.append(SimpleSpanProcessor(files.SpanFileExporter(lines)))
         interval = None if env.get("OTEL_METRIC_EXPORT_INTERVAL") else FILE_METRIC_INTERVAL_MS
         readers.append(Periodic(files.MetricFileExporter(lines),
                                 export_interval_millis=interval))
         installed.log_handler = files.LogFileHandler(lines)
         logging.getLogger().addHandler(installed.log_handler)
         installed.exporters.append("file")
+    # Spans are recorded only for someone: an exporter, or a sampler asked for by name.
+    # Otherwise they carry their W3C context and nothing else (``telemetry.unrecorded``).
+    if processors or env.get("OTEL_TRACES_SAMPLER"):
+        installed.tracer_provider = TracerProvider(resource=resource)
+        for processor in processors:
+            installed.tracer_provider.add_span_processor(processor)
+        trace.set_tracer_provider(installed.tracer_provider)
+    else:
+        trace.set_tracer_provider(UnrecordedTracerProvider())
     installed.meter_provider = MeterProvider(resource=resource, metric_readers=readers)
-    trace.set_tracer_provider(tracer_provider)
     metrics.set_meter_provider(installed.meter_provider)
     _installed = installed
     log.info("event=telemetry.ready service=%s exporters=%s", name,
