@@ -225,7 +225,10 @@ def _decode(token: object, keys: KeySet, *, audience: str, issuer: str,
     if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_CHARS:
         raise errors.IdentityRejected("token missing or too long")
     try:
-        header = jwt.get_unverified_header(token)
+        # The header alone picks the key: PyJWT's own parse and checks of the header segment,
+        # without decoding the payload and signature twice (`decode` below decodes them once
+        # and verifies the signature over the same header bytes; issue 41).
+        header = jwt.get_unverified_header(token.partition(".")[0] + "..")
         if typ is not None and header.get("typ") != typ:
             raise errors.IdentityRejected("token of the wrong type")
         key, algorithm = keys.select(header, allowed)

@@ -6,6 +6,7 @@ import base64
 import json
 import time
 import uuid
+from collections.abc import Callable
 
 import jwt
 import pytest
@@ -83,6 +84,11 @@ def _eddsa_header_on_es256_key() -> str:
     return f"{b64(json.dumps({'alg': 'EdDSA', 'kid': 'ec'}).encode())}.{body}.{sig}"
 
 
+def _segments(rebuild: Callable[[str, str, str], str]) -> str:
+    head, body, sig = session().split(".")
+    return rebuild(head, body, sig)
+
+
 BAD_TOKENS = {
     "forged (unknown signer, known kid)": lambda: session(OTHER_PRIVATE, "ed"),
     "unknown kid": lambda: session(kid="nope"),
@@ -103,6 +109,12 @@ BAD_TOKENS = {
     "roles not a list": lambda: session(roles="admin"),
     "principal with spaces": lambda: session(sub="user alice"),
     "garbage": lambda: "not.a.jwt",
+    # The key is picked from the header segment alone; the other segments are still checked.
+    "payload not base64url": lambda: _segments(lambda h, b, s: f"{h}.!!!!{b}.{s}"),
+    "signature not base64url": lambda: _segments(lambda h, b, s: f"{h}.{b}.{s}!!"),
+    "two segments": lambda: _segments(lambda h, b, s: f"{h}.{b}"),
+    "four segments": lambda: _segments(lambda h, b, s: f"{h}.{b}.{s}.{s}"),
+    "header alone": lambda: _segments(lambda h, b, s: f"{h}.."),
     "empty": lambda: "",
     "not a string": lambda: None,
     "too long": lambda: "a" * 5000,
