@@ -5,7 +5,7 @@ recorded span would be built, bounded, timed and ended only to be dropped: the S
 ``TracerProvider`` with no processor costs ~15 µs of CPU per span, and a command makes ten
 on its happy path (issue 41). What the process still needs from its spans is
 their *context*: the ``traceparent`` written into ledger rows and Kafka headers, carried to
-the next service, named by the console's ``explain`` link and by log lines.
+the next service and named by the console's ``explain`` link.
 
 So this provider's spans are ``NonRecordingSpan``\\ s with the ids and flags the SDK's
 default sampler (``ParentBased(ALWAYS_ON)``) would have given them:
