@@ -472,6 +472,7 @@ CREATE FUNCTION public.agentledger_jcs(v jsonb) RETURNS text
     AS $_$
 DECLARE
   out text;
+  wide boolean;
 BEGIN
   CASE jsonb_typeof(v)
   WHEN 'object' THEN
@@ -480,8 +481,18 @@ BEGIN
              CASE WHEN jsonb_typeof(value) IN ('object', 'array')
                     OR (jsonb_typeof(value) = 'number' AND value::text !~ '^-?[0-9]{1,15}$')
                   THEN public.agentledger_jcs(value) ELSE value::text END,
-             ',' ORDER BY key COLLATE "C"), '') || '}'
-    INTO out FROM jsonb_each(v);
+             ',' ORDER BY key COLLATE "C"), '') || '}',
+           bool_or(public.agentledger_jcs_wide(key))
+    INTO out, wide FROM jsonb_each(v);
+    IF wide THEN
+      SELECT '{' || string_agg(
+               to_json(key)::text || ':' ||
+               CASE WHEN jsonb_typeof(value) IN ('object', 'array')
+                      OR (jsonb_typeof(value) = 'number' AND value::text !~ '^-?[0-9]{1,15}$')
+                    THEN public.agentledger_jcs(value) ELSE value::text END,
+               ',' ORDER BY public.agentledger_utf16_key(key)) || '}'
+      INTO out FROM jsonb_each(v);
+    END IF;
   WHEN 'array' THEN
     SELECT '[' || coalesce(string_agg(
              CASE WHEN jsonb_typeof(value) IN ('object', 'array')
@@ -571,15 +582,27 @@ CREATE FUNCTION public.agentledger_jcs_payload(v jsonb) RETURNS text
     AS $_$
   SELECT CASE WHEN v IS NULL THEN 'null'
               WHEN jsonb_typeof(v) <> 'object' THEN public.agentledger_jcs(v)
-              ELSE (SELECT '{' || coalesce(string_agg(
+              ELSE (SELECT CASE WHEN bool_or(public.agentledger_jcs_wide(key))
+                                THEN public.agentledger_jcs(v)
+                                ELSE '{' || coalesce(string_agg(
                        to_json(key)::text || ':' ||
                        CASE WHEN jsonb_typeof(value) IN ('object', 'array')
                               OR (jsonb_typeof(value) = 'number'
                                   AND value::text !~ '^-?[0-9]{1,15}$')
                             THEN public.agentledger_jcs(value) ELSE value::text END,
-                       ',' ORDER BY key COLLATE "C"), '') || '}'
+                       ',' ORDER BY key COLLATE "C"), '') || '}' END
                     FROM jsonb_each(v)) END
 $_$;
+
+--
+-- Name: agentledger_jcs_wide(text); Type: FUNCTION; Schema: public
+--
+
+CREATE FUNCTION public.agentledger_jcs_wide(k text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+  SELECT octet_length(k) > length(k) AND k ~ '[\U00010000-\U0010FFFF]'
+$$;
 
 --
 -- Name: agentledger_late_applied_v1(integer); Type: FUNCTION; Schema: public; Owner: agentledger_sweeper
@@ -662,6 +685,20 @@ CREATE FUNCTION public.agentledger_unknown_backlog_v1() RETURNS TABLE(connector 
 $$;
 
 ALTER FUNCTION public.agentledger_unknown_backlog_v1() OWNER TO agentledger_sweeper;
+
+--
+-- Name: agentledger_utf16_key(text); Type: FUNCTION; Schema: public
+--
+
+CREATE FUNCTION public.agentledger_utf16_key(k text) RETURNS bytea
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$
+  SELECT coalesce(decode(string_agg(
+           CASE WHEN cp < 65536 THEN lpad(to_hex(cp), 4, '0')
+                ELSE to_hex(55296 + ((cp - 65536) >> 10)) || to_hex(56320 + ((cp - 65536) & 1023))
+           END, '' ORDER BY i), 'hex'), '\x'::bytea)
+    FROM (SELECT ascii(substr(k, i, 1)) AS cp, i FROM generate_series(1, length(k)) AS i) AS c
+$$;
 
 --
 -- Name: agentledger_xid_visible(bigint); Type: FUNCTION; Schema: public

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import subprocess
 import uuid
 from collections.abc import AsyncIterator
@@ -381,10 +382,23 @@ async def test_the_databases_canonical_form_is_rfc8785(db: asyncpg.Connection) -
         {"b": 1, "a": 2, "aa": 3, "B": 4, "é": 5, "\u00ff": 6, "_": 7, "": 8},
         {"n": 1234567890123456, "m": 123456789012345, "f": [0.5, 1e21, -0.0, 10.0, -7],
          "s": "q\"\n\u0001é", "o": {"x": [1.25e-7, True, None, {}]}},
+        # RFC 8785 orders names by UTF-16 code units: a name above U+FFFF (a surrogate pair)
+        # sorts before one in U+E000-U+FFFF, where code point order puts it after.
+        {"\uffff": 1, "😀": 2}, {"\ue000": 1, "\U0010ffff": 2, "\ud7ff": 3, "z": 4},
+        {"a😀": 1, "a\uffff": 2, "a": 3, "a\U00010000b": 4},
+        [{"k": {"\uffff": [1], "😀": {"\ufb01": 0, "\U0001d538": 1}}}],
     ]
     for value in values:
         got = await db.fetchval("SELECT agentledger_jcs($1::jsonb)", json.dumps(value))
         assert got.encode() == leaf.canonical_event(value), value  # type: ignore[arg-type]
+    # Names drawn from both sides of the surrogate block, and from below it, in one object.
+    rng = random.Random(8785)
+    alphabet = ["a", "é", "\ud7ff", "\ue000", "\uffee", "\uffff", "😀", "\U00010000",
+                "\U0010fffd", "\U0001d538"]
+    names = {"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4))) for _ in range(300)}
+    mixed = {name: i for i, name in enumerate(sorted(names))}
+    got = await db.fetchval("SELECT agentledger_jcs($1::jsonb)", json.dumps(mixed))
+    assert got.encode() == leaf.canonical_event(mixed)
     # A number no double holds: the database still writes (a text of it), never fails.
     assert await db.fetchval("SELECT agentledger_jcs('[1e400, -1e-400]'::jsonb)") == \
         "[" + "1" + "0" * 400 + ",-0." + "0" * 399 + "1]"
@@ -392,7 +406,8 @@ async def test_the_databases_canonical_form_is_rfc8785(db: asyncpg.Connection) -
     # payload's): every nullable column null and not, payloads flat, nested, empty and not
     # an object (a str is JSON text to event_object), a type and traceparent that need escaping.
     payloads: list[Any] = [{"n": [1.25, 2**55], "s": "x\ny"}, {}, [1, {"b": 2, "a": 1}], '"s"',
-                           7.5, None, {"z": {"y": [0.1, 1e21]}, "é": "\u2028", "a": -0.0}]
+                           7.5, None, {"z": {"y": [0.1, 1e21]}, "é": "\u2028", "a": -0.0},
+                           {"\uffff": 1, "😀": {"\ue000": 2, "\U0001f600": 3}, "b": 4}]
     for i, payload in enumerate(payloads):
         event = leaf.event_object(
             event_id=uuid.uuid4(), tenant_id=uuid.uuid4(),
