@@ -70,3 +70,26 @@ def test_links_attributes_and_status_are_accepted_and_dropped() -> None:
         spans.annotate(outcome="ok")
         spans.add_link(span, SAMPLED, "origin")
         assert not span.is_recording()
+
+
+def test_the_relay_builds_no_publish_span_when_nothing_records(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``relay.publish`` only measures (records carry admission's context): with the
+    unrecorded provider it is not built; with the SDK's it is, as a child of the record's."""
+    from agentledger.relay import publisher, routing
+    from agentledger.telemetry import unrecorded
+
+    record = routing.Record(table="event_outbox", topic="t", key=b"k", value=b"{}", event_id="e",
+                            headers=(("traceparent", SAMPLED.encode()),), family="exec",
+                            operation_id="op")
+    monkeypatch.setattr(trace, "get_tracer_provider", UnrecordedTracerProvider)
+    assert unrecorded.in_use()
+    assert publisher._publish_span(record) is trace.INVALID_SPAN
+    sdk_provider = TracerProvider()
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: sdk_provider)
+    monkeypatch.setattr(publisher, "tracer", sdk_provider.get_tracer("agentledger.relay"))
+    assert not unrecorded.in_use()
+    span = publisher._publish_span(record)
+    assert span.is_recording()
+    assert span.get_span_context().trace_id == int(SAMPLED.split("-")[1], 16)
+    span.end()

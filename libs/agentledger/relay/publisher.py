@@ -43,7 +43,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from agentledger import errors
 from agentledger.relay import metrics, pgoutput, routing
-from agentledger.telemetry import spans
+from agentledger.telemetry import spans, unrecorded
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("agentledger.relay")
@@ -282,7 +282,13 @@ def phantom_ack(
 
 
 def _publish_span(record: routing.Record) -> Span:
-    """The span of one record's publication; ids and names only, never the payload."""
+    """The span of one record's publication; ids and names only, never the payload.
+
+    Nothing reads this span's context (the record carries admission's, unchanged): when no
+    span is recorded (``telemetry.unrecorded``) it is not built at all.
+    """
+    if unrecorded.in_use():
+        return trace.INVALID_SPAN
     headers = dict(record.headers)
     traceparent, tracestate = headers.get("traceparent"), headers.get("tracestate")
     attributes: dict[str, str] = {

@@ -83,3 +83,12 @@ class UnrecordedTracerProvider(trace.TracerProvider):
         schema_url: str | None = None, attributes: Mapping[str, object] | None = None,
     ) -> trace.Tracer:
         return _TRACER
+
+
+def in_use() -> bool:
+    """Whether the process's global provider is this one: no span it starts is recorded.
+
+    For a span that only measures (its context goes nowhere), the caller can then skip
+    building it: its attributes and parent would be dropped anyway.
+    """
+    return isinstance(trace.get_tracer_provider(), UnrecordedTracerProvider)
