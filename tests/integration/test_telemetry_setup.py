@@ -12,7 +12,7 @@ from pathlib import Path
 
 SCRIPT = textwrap.dedent("""
     import json, logging, sys
-    from opentelemetry import trace
+    from opentelemetry import metrics as metrics_api, trace
     from agentledger import telemetry
     from agentledger.telemetry import metrics, spans
 
@@ -34,6 +34,7 @@ SCRIPT = textwrap.dedent("""
                       "processors": len(installed.tracer_provider._active_span_processor._span_processors)
                       if installed.tracer_provider else 0,
                       "recording": recording,
+                      "meters": type(metrics_api.get_meter_provider()).__name__,
                       "traceparents": [spans.traceparent_of(probe), spans.traceparent_of(child)]}))
     installed.shutdown()
 """)
@@ -51,8 +52,8 @@ def probe(tmp_path: Path, **env: str) -> tuple[dict[str, object], list[dict[str,
 
 def test_nothing_is_exported_by_default(tmp_path: Path) -> None:
     out, _ = probe(tmp_path)
-    assert {k: out.pop(k) for k in ("exporters", "processors", "recording")} == {
-        "exporters": [], "processors": 0, "recording": False}
+    assert {k: out.pop(k) for k in ("exporters", "processors", "recording", "meters")} == {
+        "exporters": [], "processors": 0, "recording": False, "meters": "NoOpMeterProvider"}
     # Nothing is recorded, yet every span still has the W3C context the SDK gives it: a root
     # sampled with a random trace id (03), its child in the same trace with its own span id.
     root, child = (str(tp).split("-") for tp in out["traceparents"])  # type: ignore[union-attr]
@@ -71,6 +72,11 @@ def test_otlp_is_used_only_when_an_endpoint_is_set(tmp_path: Path) -> None:
     out, _ = probe(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_EXPORTER_OTLP_TIMEOUT="1",
                    OTEL_BSP_EXPORT_TIMEOUT="1000", OTEL_METRICS_EXPORTER="none")
     assert (out["exporters"], out["processors"], out["recording"]) == (["otlp-traces"], 1, True)
+    # Metrics not exported (OTEL_METRICS_EXPORTER=none): none are aggregated either.
+    assert out["meters"] == "NoOpMeterProvider"
+    out, _ = probe(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_EXPORTER_OTLP_TIMEOUT="1",
+                   OTEL_METRIC_EXPORT_TIMEOUT="1000", OTEL_TRACES_EXPORTER="none")
+    assert (out["exporters"], out["processors"], out["meters"]) == (["otlp-metrics"], 0, "MeterProvider")
 
 
 def test_sdk_disabled_installs_nothing(tmp_path: Path) -> None:
@@ -83,7 +89,7 @@ def test_sdk_disabled_installs_nothing(tmp_path: Path) -> None:
 def test_the_file_hook_writes_spans_metric_points_and_logs_as_json_lines(tmp_path: Path) -> None:
     out, lines = probe(tmp_path, AGENTLEDGER_TELEMETRY_FILE=str(tmp_path / "t.jsonl"),
                        OTEL_SERVICE_NAME="renamed")
-    assert (out["exporters"], out["recording"]) == (["file"], True)
+    assert (out["exporters"], out["recording"], out["meters"]) == (["file"], True, "MeterProvider")
     assert {line["service"] for line in lines} == {"renamed"}
     by_name = {line["name"]: line for line in lines if line["signal"] == "span"}
     assert by_name["probe"]["attributes"] == {"agentledger.operation_id": "op-1"}
