@@ -578,21 +578,31 @@ END $$;
 --
 
 CREATE FUNCTION public.agentledger_jcs_payload(v jsonb) RETURNS text
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
     AS $_$
-  SELECT CASE WHEN v IS NULL THEN 'null'
-              WHEN jsonb_typeof(v) <> 'object' THEN public.agentledger_jcs(v)
-              ELSE (SELECT CASE WHEN bool_or(public.agentledger_jcs_wide(key))
-                                THEN public.agentledger_jcs(v)
-                                ELSE '{' || coalesce(string_agg(
-                       to_json(key)::text || ':' ||
-                       CASE WHEN jsonb_typeof(value) IN ('object', 'array')
-                              OR (jsonb_typeof(value) = 'number'
-                                  AND value::text !~ '^-?[0-9]{1,15}$')
-                            THEN public.agentledger_jcs(value) ELSE value::text END,
-                       ',' ORDER BY key COLLATE "C"), '') || '}' END
-                    FROM jsonb_each(v)) END
-$_$;
+DECLARE
+  out text;
+  wide boolean;
+BEGIN
+  IF v IS NULL THEN
+    RETURN 'null';
+  END IF;
+  IF jsonb_typeof(v) <> 'object' THEN
+    RETURN public.agentledger_jcs(v);
+  END IF;
+  SELECT '{' || coalesce(string_agg(
+           to_json(key)::text || ':' ||
+           CASE WHEN jsonb_typeof(value) IN ('object', 'array')
+                  OR (jsonb_typeof(value) = 'number' AND value::text !~ '^-?[0-9]{1,15}$')
+                THEN public.agentledger_jcs(value) ELSE value::text END,
+           ',' ORDER BY key COLLATE "C"), '') || '}',
+         bool_or(public.agentledger_jcs_wide(key))
+  INTO out, wide FROM jsonb_each(v);
+  IF wide THEN
+    RETURN public.agentledger_jcs(v);  -- a name above U+FFFF: RFC 8785's UTF-16 order (0053)
+  END IF;
+  RETURN out;
+END $_$;
 
 --
 -- Name: agentledger_jcs_wide(text); Type: FUNCTION; Schema: public
@@ -707,12 +717,23 @@ $$;
 CREATE FUNCTION public.agentledger_xid_visible(xid32 bigint) RETURNS boolean
     LANGUAGE sql STABLE
     AS $$
-  WITH s AS (SELECT pg_current_snapshot() AS snap),
-       x AS (SELECT snap, pg_snapshot_xmax(snap)::text::bigint AS xmax FROM s),
-       f AS (SELECT snap, CASE WHEN ((xmax >> 32) << 32) + xid32 >= xmax AND xmax >> 32 > 0
-                               THEN (((xmax >> 32) - 1) << 32) + xid32
-                               ELSE ((xmax >> 32) << 32) + xid32 END AS full_xid FROM x)
-  SELECT pg_visible_in_snapshot(full_xid::text::xid8, snap) FROM f
+  SELECT public.agentledger_xid_visible_in(xid32, pg_current_snapshot())
+$$;
+
+--
+-- Name: agentledger_xid_visible_in(bigint, pg_snapshot); Type: FUNCTION; Schema: public
+--
+
+CREATE FUNCTION public.agentledger_xid_visible_in(xid32 bigint, snap pg_snapshot) RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+  SELECT pg_visible_in_snapshot((
+    CASE WHEN ((pg_snapshot_xmax(snap)::text::bigint >> 32) << 32) + xid32
+                >= pg_snapshot_xmax(snap)::text::bigint
+              AND pg_snapshot_xmax(snap)::text::bigint >> 32 > 0
+         THEN (((pg_snapshot_xmax(snap)::text::bigint >> 32) - 1) << 32) + xid32
+         ELSE ((pg_snapshot_xmax(snap)::text::bigint >> 32) << 32) + xid32
+    END)::text::xid8, snap)
 $$;
 
 --
