@@ -93,3 +93,35 @@ def test_the_relay_builds_no_publish_span_when_nothing_records(
     assert span.is_recording()
     assert span.get_span_context().trace_id == int(SAMPLED.split("-")[1], 16)
     span.end()
+
+
+def test_span_makes_the_unrecorded_span_current_directly_with_the_same_context(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the unrecorded provider in use, ``spans.span`` skips the API's context managers:
+    the span it yields is current inside, a child of the given (or current) context as the
+    tracer makes it, and what was current before is current again after, failure or not."""
+    from agentledger.telemetry import unrecorded
+
+    proxy = trace.get_tracer("probe")  # what a module gets at import, before setup
+    monkeypatch.setattr(trace, "get_tracer_provider", UnrecordedTracerProvider)
+    assert unrecorded.in_use()
+    before = trace.get_current_span()
+    parent = spans.context_from(UNSAMPLED, "vendor=1")
+    assert parent is not None
+    with spans.span(proxy, "outer", context=parent, attributes={"a": "b"}) as outer:
+        assert trace.get_current_span() is outer and not outer.is_recording()
+        got = outer.get_span_context()
+        reference = ours.start_span("outer", context=parent).get_span_context()
+        assert (got.trace_id, got.trace_flags, got.trace_state) == (
+            reference.trace_id, reference.trace_flags, reference.trace_state)
+        with spans.span(proxy, "inner") as inner:
+            assert trace.get_current_span() is inner
+            assert inner.get_span_context().trace_id == got.trace_id
+            assert inner.get_span_context().span_id != got.span_id
+        assert trace.get_current_span() is outer
+        with pytest.raises(ValueError, match="boom"), spans.span(proxy, "failing", context=spans.ROOT) as root:
+            assert root.get_span_context().trace_id != got.trace_id
+            assert root.get_span_context().trace_flags == unrecorded.ROOT_FLAGS
+            raise ValueError("boom")
+        assert trace.get_current_span() is outer
+    assert trace.get_current_span() is before

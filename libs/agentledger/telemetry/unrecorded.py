@@ -72,7 +72,7 @@ class UnrecordedTracer(trace.Tracer):
             yield current
 
 
-_TRACER: Final = UnrecordedTracer()
+TRACER: Final = UnrecordedTracer()
 
 
 class UnrecordedTracerProvider(trace.TracerProvider):
@@ -82,7 +82,7 @@ class UnrecordedTracerProvider(trace.TracerProvider):
         self, instrumenting_module_name: str, instrumenting_library_version: str | None = None,
         schema_url: str | None = None, attributes: Mapping[str, object] | None = None,
     ) -> trace.Tracer:
-        return _TRACER
+        return TRACER
 
 
 def in_use() -> bool:
