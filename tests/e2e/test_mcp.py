@@ -29,11 +29,13 @@ from confluent_kafka import Consumer
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from opentelemetry import context as otel_context
 
 from agentledger import client as client_mod
 from agentledger import identity, logins
 from agentledger.mcp import idempotency, runs
 from agentledger.policy import repository as policy_repo
+from agentledger.telemetry import spans
 from agentledger.testing import identities, processes
 from agentledger.testing.pipeline import Pipeline, pipeline
 from agentledger.testing.polling import wait_until
@@ -435,10 +437,22 @@ def test_a_traceparent_in_meta_parents_the_proposals_trace(world: tuple[Pipeline
     parent = f"00-{trace_id}-{uuid.uuid4().hex[:16]}-01"
 
     async def call() -> dict[str, Any]:
-        async with _http(url, _token(p)) as mcp:
-            return _answer(await mcp.call_tool(
-                "crm.note.create", _note(p, f"traced {uuid.uuid4()}"),
-                meta={"traceparent": parent, "tracestate": "agentledger=test"}))
+        # The caller's context is also its current one, as in an agent that traces: the MCP
+        # SDK starts a client span and injects *its* context into `_meta` (SEP-414). That
+        # span is a child of the caller's when this process has a tracer provider (one an
+        # earlier test installed), and records nothing, injecting nothing, when it has none;
+        # either way the trace is the caller's. Without the attach, the outcome would depend
+        # on which tests ran before in this process.
+        caller = spans.context_from(parent, "agentledger=test")
+        assert caller is not None
+        token = otel_context.attach(caller)
+        try:
+            async with _http(url, _token(p)) as mcp:
+                return _answer(await mcp.call_tool(
+                    "crm.note.create", _note(p, f"traced {uuid.uuid4()}"),
+                    meta={"traceparent": parent, "tracestate": "agentledger=test"}))
+        finally:
+            otel_context.detach(token)
     done = asyncio.run(call())
     assert done["status"] == "succeeded", done
     consumer = Consumer({"bootstrap.servers": p.bootstrap, "group.id": f"trace-{uuid.uuid4().hex}",
