@@ -135,13 +135,13 @@ class Admitter:
             "proposal_id": proposal.proposal_id, "tenant_id": proposal.tenant_id,
             "operation_id": proposal.operation_id, "allowlist_version": self.allowlist.version}
         try:
-            workflow_id = checks.verify_identity(proposal, self.envelope_keys)
+            verified = checks.verify_identity(proposal, self.envelope_keys)
         except errors.IdentityRejected as exc:
             # Unverified: nothing is written, not even an audit event under a claimed tenant.
             return AdmissionResultV1.refused(exc, decided_at=answers.now(), **base)
         try:
             checked = await checks.check_proposal(
-                proposal, workflow_id, allowlist=self.allowlist, resolver=self.resolver)
+                proposal, verified.workflow_id, allowlist=self.allowlist, resolver=self.resolver)
         except (errors.ValidationFailed, errors.ShadowRefused) as exc:
             if isinstance(exc, errors.StaleRevision | errors.ResourceNotFound):
                 # The target check failed — perhaps because this proposal's own command
@@ -154,12 +154,9 @@ class Admitter:
             # nothing else is written.
             await self._audit_rejection(proposal, exc)
             return AdmissionResultV1.refused(exc, decided_at=answers.now(), **base)
-        spec, arguments = checked.spec, checked.arguments
+        spec = checked.spec
         spans.annotate(connector=spec.connector)
-        request_hash = canonical.request_hash(
-            tenant_id=proposal.tenant_id, principal_id=proposal.principal_id,
-            action=spec.name, target=proposal.target, arguments=arguments,
-            expected_revision=proposal.expected_revision)
+        request_hash = checks.request_hash(proposal, checked, verified)
         if not self.cipher.holds(proposal.tenant_id):
             # The tenant's data key, fetched (and cached) before the transaction when cold,
             # so encrypting inside it is CPU only.
@@ -196,7 +193,7 @@ class Admitter:
             ResourceNotFound, StaleRevision), ShadowRefused.
         """
         checked = await checks.check_proposal(
-            proposal, checks.verify_identity(proposal, self.envelope_keys),
+            proposal, checks.verify_identity(proposal, self.envelope_keys).workflow_id,
             allowlist=self.allowlist, resolver=self.resolver)
         return checked.spec, checked.arguments
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agentledger import errors, identity
+from agentledger import canonical, errors, identity
 from agentledger.contracts.proposals import ProposalV1
 from agentledger.policy import allowlist as allowlist_mod
 from agentledger.resources import Resolver
@@ -28,14 +28,22 @@ class Checked:
     workflow_id: str | None
 
 
-def verify_identity(proposal: ProposalV1, envelope_keys: identity.KeySet | None) -> str | None:
-    """The envelope must verify and bind tenant, principal and operation (R1.1).
+@dataclass(frozen=True)
+class Verified:
+    """What the identity check established about a proposal."""
 
-    Returns the request id it names (the workflow of budgets), or None when identity is
-    bound some other way (library use without envelope keys).
-    """
+    # The request id the envelope names (the workflow of budgets); None when identity is
+    # bound some other way (library use without envelope keys).
+    workflow_id: str | None
+    # A gateway's proposal: the request hash (R2.1) of its content as submitted, which the
+    # envelope binds; None for a planner's proposal and without envelope keys.
+    request_hash: bytes | None = None
+
+
+def verify_identity(proposal: ProposalV1, envelope_keys: identity.KeySet | None) -> Verified:
+    """The envelope must verify and bind tenant, principal and operation (R1.1)."""
     if envelope_keys is None:
-        return None
+        return Verified(None)
     if proposal.identity is None:
         raise errors.IdentityRejected("the proposal carries no identity envelope")
     found = identity.verify_envelope(proposal.identity, envelope_keys)
@@ -53,12 +61,13 @@ def verify_identity(proposal: ProposalV1, envelope_keys: identity.KeySet | None)
             raise errors.IdentityRejected(
                 "the proposal differs from the content its envelope was issued for") from exc
         identity.check_content(found, bound)
-    elif proposal.proposal_id != identity.planned_proposal_id(found.request_id):
+        return Verified(str(found.request_id), bytes.fromhex(bound.digest))
+    if proposal.proposal_id != identity.planned_proposal_id(found.request_id):
         # A planner's proposal carries its request's envelope: the one proposal planned
         # from that request, whose content approvals bind to its id (``approvals.request``).
         raise errors.IdentityRejected(
             "the proposal is not the one planned from its envelope's request")
-    return str(found.request_id)
+    return Verified(str(found.request_id))
 
 
 async def check_proposal(
@@ -87,3 +96,23 @@ async def check_proposal(
         raise errors.StaleRevision(
             "the target changed since it was read; plan again on the current record")
     return Checked(spec, arguments, workflow_id)
+
+
+def request_hash(proposal: ProposalV1, checked: Checked, verified: Verified) -> bytes:
+    """The command's request hash (R2.1): over its action, target, revision and validated
+    arguments.
+
+    For a gateway's proposal the identity check already computed it over the fields as
+    submitted, and that is the same value: the spec is the one the proposal's action names and
+    the validated arguments are a deep copy of the submitted ones (``ActionSpec.validate``:
+    the same types, so the same canonical JSON; a ``1`` never becomes ``True``).
+
+    Raises:
+        errors.ValidationFailed: The arguments have no canonical JSON form.
+    """
+    if verified.request_hash is not None and checked.spec.name == proposal.action:
+        return verified.request_hash
+    return canonical.request_hash(
+        tenant_id=proposal.tenant_id, principal_id=proposal.principal_id,
+        action=checked.spec.name, target=proposal.target, arguments=checked.arguments,
+        expected_revision=proposal.expected_revision)
