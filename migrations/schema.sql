@@ -578,31 +578,10 @@ END $$;
 --
 
 CREATE FUNCTION public.agentledger_jcs_payload(v jsonb) RETURNS text
-    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-    AS $_$
-DECLARE
-  out text;
-  wide boolean;
-BEGIN
-  IF v IS NULL THEN
-    RETURN 'null';
-  END IF;
-  IF jsonb_typeof(v) <> 'object' THEN
-    RETURN public.agentledger_jcs(v);
-  END IF;
-  SELECT '{' || coalesce(string_agg(
-           to_json(key)::text || ':' ||
-           CASE WHEN jsonb_typeof(value) IN ('object', 'array')
-                  OR (jsonb_typeof(value) = 'number' AND value::text !~ '^-?[0-9]{1,15}$')
-                THEN public.agentledger_jcs(value) ELSE value::text END,
-           ',' ORDER BY key COLLATE "C"), '') || '}',
-         bool_or(public.agentledger_jcs_wide(key))
-  INTO out, wide FROM jsonb_each(v);
-  IF wide THEN
-    RETURN public.agentledger_jcs(v);  -- a name above U+FFFF: RFC 8785's UTF-16 order (0053)
-  END IF;
-  RETURN out;
-END $_$;
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+  SELECT coalesce(public.agentledger_jcs(v), 'null')
+$$;
 
 --
 -- Name: agentledger_jcs_wide(text); Type: FUNCTION; Schema: public
