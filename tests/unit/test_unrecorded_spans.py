@@ -125,3 +125,7 @@ def test_span_makes_the_unrecorded_span_current_directly_with_the_same_context(
             raise ValueError("boom")
         assert trace.get_current_span() is outer
     assert trace.get_current_span() is before
+    # A tracer of another provider is that provider's, whatever the process's is.
+    with spans.span(sdk, "own") as own:
+        assert own.is_recording()
+    assert not own.is_recording()  # ended on exit, as the SDK's tracer ends it

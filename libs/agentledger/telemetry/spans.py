@@ -147,10 +147,12 @@ def span(
 ) -> Iterator[Span]:
     """A current span whose failure records the error code, never the exception text.
 
-    When nothing records spans (``telemetry.unrecorded``), the span is made and made current
-    directly: the same ids and flags, without the three context managers the API's proxy, the
-    tracer and ``use_span`` would stack for a span that records nothing."""
-    if unrecorded.in_use():
+    When ``tracer`` is the unrecorded one (``telemetry.unrecorded``; a module's proxy tracer
+    is, once the process's provider is), the span is made and made current directly: the same
+    ids and flags, without the three context managers the API's proxy, the tracer and
+    ``use_span`` would stack for a span that records nothing."""
+    if tracer is unrecorded.TRACER or (
+            isinstance(tracer, trace.ProxyTracer) and unrecorded.in_use()):
         current = unrecorded.TRACER.start_span(name, context)
         token = otel_context.attach(trace.set_span_in_context(current))
         try:
