@@ -81,8 +81,6 @@ _RUN_NAME = re.compile(RUN_NAME_PATTERN)
 _PRINCIPAL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,127}$")
 _ROLE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 
-# Proposals a planner makes from a request get this id (one request, one proposal), so a
-# request's envelope can be reused for no other proposal.
 class _SodiumEdDSA(jwt.algorithms.OKPAlgorithm):
     """PyJWT's ``EdDSA``, with an Ed25519 public key checked by libsodium instead of OpenSSL.
 
@@ -111,6 +109,8 @@ class _SodiumEdDSA(jwt.algorithms.OKPAlgorithm):
 jwt.unregister_algorithm("EdDSA")
 jwt.register_algorithm("EdDSA", _SodiumEdDSA())
 
+# Proposals a planner makes from a request get this id (one request, one proposal), so a
+# request's envelope can be reused for no other proposal.
 PLANNED_PROPOSAL_NAMESPACE: Final = uuid.UUID("0d6c1f7a-4b2e-5c39-8e1d-7a9b3c5e2f40")
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
