@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import Mapping
@@ -32,7 +33,7 @@ from typing import Any, Final, Literal
 import httpx
 import jwt
 import pydantic
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
 from agentledger import errors, identity
 from agentledger.contracts import admission, common, outcomes, topics
@@ -46,6 +47,7 @@ HTTP_TIMEOUT_S: Final = 10.0
 ATTEMPTS: Final = 5
 BACKOFF_S: Final = 0.2
 # Records can be stamped slightly before the submission returned (clock skew between hosts).
+log = logging.getLogger(__name__)
 SEEK_MARGIN: Final = timedelta(seconds=30)
 
 
@@ -283,22 +285,28 @@ class GatewayClient:
                              "enable.auto.commit": False, "auto.offset.reset": "earliest",
                              "logger": logs.LIBRDKAFKA})
         try:
-            assigned = self._start_positions(consumer, since)
+            deadline = time.monotonic() + timeout_s
+            metadata = consumer.list_topics(timeout=10)
+            assigned: list[TopicPartition] = []
+            # Topics whose start could not be looked up yet (a partition without a leader: a
+            # topic created a moment ago by its first record, or an election): looked up
+            # again below until the deadline, never a reason to give up the wait.
+            unplaced: set[str] = set()
+            for topic in self._answer_topics:
+                if topic in metadata.topics:
+                    try:
+                        assigned += self._start_positions(
+                            consumer, topic, metadata.topics[topic].partitions, since)
+                    except KafkaException as exc:
+                        log.info("event=answers_start_retry topic=%s error=%s", topic, exc)
+                        unplaced.add(topic)
             consumer.assign(assigned)
-            missing = set(self._answer_topics) - {tp.topic for tp in assigned}
+            missing = set(self._answer_topics) - {tp.topic for tp in assigned} - unplaced
             found_admission: admission.AdmissionResultV1 | None = None
             found_outcome: outcomes.Outcome | None = None
-            deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
-                if missing:
-                    # A topic created after we started (its first answer): read it from the
-                    # start, or the answer we wait for is never seen.
-                    metadata = consumer.list_topics(timeout=5)
-                    new = [TopicPartition(t, p, OFFSET_BEGINNING) for t in missing
-                           if t in metadata.topics for p in metadata.topics[t].partitions]
-                    if new:
-                        consumer.incremental_assign(new)
-                        missing -= {tp.topic for tp in new}
+                if missing or unplaced:
+                    self._place(consumer, missing, unplaced, since)
                 msg = consumer.poll(0.5)
                 if msg is None or msg.error() is not None:
                     continue
@@ -336,13 +344,34 @@ class GatewayClient:
         finally:
             consumer.close()
 
-    def _start_positions(self, consumer: Consumer, since: datetime | None
-                         ) -> list[TopicPartition]:
-        metadata = consumer.list_topics(timeout=10)
-        wanted = [TopicPartition(t, p, OFFSET_BEGINNING if since is None
+    def _place(self, consumer: Consumer, missing: set[str], unplaced: set[str],
+               since: datetime | None) -> None:
+        """Assign the answer topics not read yet, where the broker can now say where to start:
+        one created after the wait began from its start (every record in it is new), one
+        whose lookup failed from ``since``. Each placed topic leaves its set; a failure
+        leaves it there for the next turn."""
+        try:
+            metadata = consumer.list_topics(timeout=5)
+        except KafkaException:
+            return  # the broker is away: the next turn asks again (the wait's deadline holds)
+        for topic in [t for t in (*missing, *unplaced) if t in metadata.topics]:
+            partitions = metadata.topics[topic].partitions
+            try:
+                new = ([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions]
+                       if topic in missing else
+                       self._start_positions(consumer, topic, partitions, since))
+            except KafkaException:
+                continue
+            consumer.incremental_assign(new)
+            missing.discard(topic)
+            unplaced.discard(topic)
+
+    @staticmethod
+    def _start_positions(consumer: Consumer, topic: str, partitions: Mapping[int, Any],
+                         since: datetime | None) -> list[TopicPartition]:
+        wanted = [TopicPartition(topic, p, OFFSET_BEGINNING if since is None
                                  else int((since - SEEK_MARGIN).timestamp() * 1000))
-                  for t in self._answer_topics if t in metadata.topics
-                  for p in metadata.topics[t].partitions]
+                  for p in partitions]
         if since is None:
             return wanted
         # The end offsets FIRST: a record stamped after `since` and produced after this call

@@ -212,7 +212,10 @@ class Calls:
         try:
             done = await gateway.await_outcome(submitted, since=since, until="outcome",
                                                timeout_s=left)
-        except (TimeoutError, KafkaException):
+        except TimeoutError:
+            return waiting
+        except KafkaException as exc:
+            log.warning("event=mcp_answers_unreadable error=%s", exc)
             return waiting
         settled = results.from_resolution(done, key, self.console_url)
         return waiting if settled.status == "in_progress" else settled
