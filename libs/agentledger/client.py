@@ -46,8 +46,8 @@ HTTP_TIMEOUT_S: Final = 10.0
 # Five attempts with exponential backoff from 0.2 s span ~6 s: a broker leader election.
 ATTEMPTS: Final = 5
 BACKOFF_S: Final = 0.2
-# Records can be stamped slightly before the submission returned (clock skew between hosts).
 log = logging.getLogger(__name__)
+# Records can be stamped slightly before the submission returned (clock skew between hosts).
 SEEK_MARGIN: Final = timedelta(seconds=30)
 
 
